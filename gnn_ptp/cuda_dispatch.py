@@ -1,0 +1,286 @@
+"""Make a trace on fake CPU tensors record what an H100 runs: CUDA autocast dtypes and CUDA kernel choices.
+
+Why: tracing on real CUDA tensors needs a GPU, and fake CUDA tensors abort the CPU-only wheel in the
+backward pass. So we trace on fake CPU tensors and, for the duration of a trace, re-register three things
+in PyTorch's dispatcher (with ``torch.library``, undone on exit):
+
+1. **Autocast.** Every op that has a CUDA autocast kernel gets a Python kernel on the ``AutocastCPU``
+   key that applies the CUDA policy (the lists in ``ATen/autocast_mode.h``, vendored below); ops that
+   only CPU autocast touches fall through untouched. Because the kernels sit at the same place in the
+   dispatch order as the real ones, composite ops behave as on a GPU: ``cross_entropy`` calls
+   ``log_softmax`` with an explicit dtype (so it stays in half precision) and ``nll_loss`` upcasts.
+   The casts are real ``_to_copy`` ops, so autograd gives the backward pass the right dtypes.
+2. **Attention.** ``scaled_dot_product_attention`` picks the kernel an H100 picks: flash attention for
+   fp16/bf16 with head_dim <= 256 and no arbitrary mask, memory-efficient attention otherwise when the
+   head dim is aligned, the math path last.
+3. **Fused kernels.** CUDA runs dropout as one ``native_dropout`` kernel (the CPU composes bernoulli,
+   div and mul) and ``rms_norm`` as ``_fused_rms_norm`` (the CPU decomposes it).
+
+Everything else (batch norm, convolutions, embeddings, losses) records the same aten ops on both devices
+up to names, which ``ops.canonical`` folds together (``native_batch_norm`` vs ``cudnn_batch_norm``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+import warnings
+
+import torch
+from torch.utils._pytree import tree_map
+
+aten = torch.ops.aten
+
+# --- The CUDA autocast policy (ATen/autocast_mode.h, AT_FORALL_* lists; torch 2.11-2.14). -------------
+LOWER_PRECISION = {
+    "_convolution.deprecated", "_convolution", "conv1d", "conv2d", "conv3d", "conv_tbc",
+    "conv_transpose1d", "conv_transpose2d.input", "conv_transpose3d.input", "convolution", "prelu",
+    "addmm", "addmv", "addr", "matmul", "einsum", "mm", "mv", "linalg_vecdot", "linear", "addbmm",
+    "baddbmm", "bmm", "chain_matmul", "linalg_multi_dot", "_thnn_fused_lstm_cell",
+    "_thnn_fused_gru_cell", "lstm_cell", "gru_cell", "rnn_tanh_cell", "rnn_relu_cell",
+    "_scaled_dot_product_flash_attention", "scaled_dot_product_attention",
+    # registered for CUDA outside the shared lists
+    "cudnn_convolution", "cudnn_convolution_transpose", "_cudnn_rnn",
+}
+FP32 = {
+    "acos", "asin", "cosh", "erfinv", "exp", "expm1", "log", "log10", "log2", "log1p", "reciprocal",
+    "rsqrt", "sinh", "tan", "pow.Tensor_Scalar", "pow.Tensor_Tensor", "pow.Scalar", "softplus",
+    "layer_norm", "native_layer_norm", "rms_norm", "group_norm", "frobenius_norm.dim", "nuclear_norm",
+    "nuclear_norm.dim", "cosine_similarity", "poisson_nll_loss", "cosine_embedding_loss", "nll_loss",
+    "nll_loss2d", "hinge_embedding_loss", "kl_div", "l1_loss", "smooth_l1_loss", "huber_loss",
+    "mse_loss", "margin_ranking_loss", "multilabel_margin_loss", "soft_margin_loss",
+    "triplet_margin_loss", "multi_margin_loss", "binary_cross_entropy_with_logits", "dist", "pdist",
+    "cdist", "renorm", "logsumexp", "upsample_nearest1d", "_upsample_nearest_exact1d",
+    "upsample_nearest2d", "_upsample_nearest_exact2d", "upsample_nearest3d", "_upsample_nearest_exact3d",
+    "upsample_linear1d", "upsample_bilinear2d", "_upsample_bilinear2d_aa", "upsample_trilinear3d",
+    "upsample_bicubic2d", "_upsample_bicubic2d_aa", "linalg_matrix_sqrth",
+}
+FP32_SET_OPT_DTYPE = {
+    "prod", "prod.dim_int", "softmax.int", "log_softmax.int", "cumprod", "cumsum", "linalg_vector_norm",
+    "linalg_matrix_norm", "linalg_matrix_norm.str_ord", "sum", "sum.dim_IntList",
+}
+FP32_APPEND_DTYPE = {"norm.Scalar": "norm.ScalarOpt_dtype", "norm.ScalarOpt_dim": "norm.ScalarOpt_dim_dtype"}
+PROMOTE = {"addcdiv", "addcmul", "atan2", "bilinear", "cross", "dot", "vdot", "grid_sampler",
+           "index_put", "tensordot", "scatter_add"}
+BANNED = {"binary_cross_entropy"}
+POLICY_OPS = LOWER_PRECISION | FP32 | FP32_SET_OPT_DTYPE | set(FP32_APPEND_DTYPE) | PROMOTE | BANNED
+
+
+@functools.cache
+def _ops_with_kernel(key: str) -> frozenset[str]:
+    """aten ops with a kernel registered for a dispatch key (e.g. ``AutocastCUDA``) in this build."""
+    names = torch._C._dispatch_get_all_op_names()
+    return frozenset(n.removeprefix("aten::") for n in names
+                     if n.startswith("aten::") and torch._C._dispatch_has_kernel_for_dispatch_key(n, key))
+
+
+def _overload(name: str):
+    packet, _, overload = name.partition(".")
+    return getattr(getattr(aten, packet), overload or "default")
+
+
+def _eligible(x) -> bool:
+    return isinstance(x, torch.Tensor) and x.is_floating_point() and x.dtype != torch.float64
+
+
+class _Autocast:
+    """The state of one emulated CUDA autocast region: its dtype and its cast cache."""
+
+    def __init__(self, dtype: torch.dtype):
+        self.dtype = dtype
+        self.cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def cast(self, x, to: torch.dtype):
+        if isinstance(x, (list, tuple)):
+            return type(x)(self.cast(t, to) for t in x)
+        if not _eligible(x) or x.dtype == to:
+            return x
+        # autocast caches the lowered copy of a leaf fp32 parameter for the whole region (cached_cast)
+        cacheable = (to == self.dtype and x.dtype == torch.float32 and x.requires_grad and x.is_leaf)
+        if cacheable and id(x) in self.cache and self.cache[id(x)][0] is x:
+            return self.cache[id(x)][1]
+        y = x.to(to)
+        if cacheable:
+            self.cache[id(x)] = (x, y)
+        return y
+
+    def kernel(self, name: str):
+        op = _overload(name)
+        exclude = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
+
+        def run(*args, **kwargs):
+            with torch._C._ExcludeDispatchKeyGuard(exclude):
+                return op(*args, **kwargs)
+
+        if name in BANNED:
+            def banned(*args, **kwargs):
+                raise RuntimeError(
+                    f"torch.nn.functional.{name} is unsafe to autocast on CUDA (PyTorch refuses it); "
+                    "use binary_cross_entropy_with_logits / BCEWithLogitsLoss")
+            return banned
+        if name in LOWER_PRECISION:
+            return lambda *a, **k: run(*self.cast(a, self.dtype), **{n: self.cast(v, self.dtype)
+                                                                      for n, v in k.items()})
+        if name in FP32:
+            return lambda *a, **k: run(*self.cast(a, torch.float32),
+                                       **{n: self.cast(v, torch.float32) for n, v in k.items()})
+        if name in FP32_SET_OPT_DTYPE:
+            dtype_pos = [i for i, arg in enumerate(op._schema.arguments) if arg.name == "dtype"][0]
+
+            def set_opt_dtype(*a, **k):
+                if _eligible(a[0]) and k.get("dtype") is None and (len(a) <= dtype_pos or a[dtype_pos] is None):
+                    a = a[:dtype_pos]
+                    k = {**k, "dtype": torch.float32}
+                return run(*a, **k)
+            return set_opt_dtype
+        if name in FP32_APPEND_DTYPE:
+            target = _overload(FP32_APPEND_DTYPE[name])
+
+            def append_dtype(*a, **k):
+                if _eligible(a[0]):
+                    with torch._C._ExcludeDispatchKeyGuard(exclude):
+                        return target(*a, **k, dtype=torch.float32)
+                return run(*a, **k)
+            return append_dtype
+        if name in PROMOTE:
+            def promote(*a, **k):
+                wide = any(_eligible(t) and t.dtype == torch.float32 for t in _tensors((a, k)))
+                to = torch.float32 if wide else self.dtype
+                return run(*self.cast(a, to), **{n: self.cast(v, to) for n, v in k.items()})
+            return promote
+        raise KeyError(name)
+
+
+def _tensors(tree) -> list[torch.Tensor]:
+    out = []
+    tree_map(lambda x: out.append(x) if isinstance(x, torch.Tensor) else None, tree)
+    return out
+
+
+# --- Kernel choices an H100 makes. ------------------------------------------------------------------
+
+
+def attention_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask, enable_gqa: bool) -> str:
+    """The SDPA backend PyTorch picks on an H100 (sm90) for these inputs: flash, efficient or math."""
+    head_dim, v_dim = q.shape[-1], v.shape[-1]
+    half = q.dtype in (torch.float16, torch.bfloat16)
+    same_dtype = q.dtype == k.dtype == v.dtype
+    gqa = enable_gqa and q.shape[-3] != k.shape[-3]
+    if (half and same_dtype and attn_mask is None and q.dim() == 4 and head_dim == k.shape[-1] == v_dim
+            and head_dim <= 256):
+        return "flash"
+    align = 8 if half else 4
+    if (same_dtype and q.dim() == 4 and not gqa and q.dtype != torch.float64
+            and head_dim % align == 0 and v_dim % align == 0):
+        return "efficient"
+    return "math"
+
+
+def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    backend = attention_backend(query, key, value, attn_mask, enable_gqa)
+    if backend == "flash":
+        return aten._scaled_dot_product_flash_attention(query, key, value, dropout_p, is_causal,
+                                                        False, scale=scale)[0]
+    if backend == "efficient":
+        if attn_mask is not None and attn_mask.dtype == torch.bool:
+            attn_mask = torch.where(attn_mask, 0.0, -math.inf).to(query.dtype)
+        if attn_mask is not None:
+            attn_mask = attn_mask.expand(query.shape[0], query.shape[1], query.shape[2], key.shape[2])
+        needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+        return aten._scaled_dot_product_efficient_attention(query, key, value, attn_mask, needs_grad,
+                                                            dropout_p, is_causal, scale=scale)[0]
+    if enable_gqa and query.shape[-3] != key.shape[-3]:
+        rep = query.shape[-3] // key.shape[-3]
+        key, value = key.repeat_interleave(rep, -3), value.repeat_interleave(rep, -3)
+    return aten._scaled_dot_product_attention_math(query, key, value, attn_mask, dropout_p, is_causal,
+                                                   None, scale=scale)[0]
+
+
+def _rms_norm(x, normalized_shape, weight=None, eps=None):
+    return aten._fused_rms_norm(x, normalized_shape, weight, eps)[0]
+
+
+def _fused_rms_norm_cpu(x, normalized_shape, weight=None, eps=None):
+    """Only there so that CPU dispatch uses ``_fused_rms_norm``'s autograd formula, as CUDA does."""
+    dims = tuple(range(-len(normalized_shape), 0))
+    eps = torch.finfo(x.dtype).eps if eps is None else eps
+    rstd = torch.rsqrt(x.float().pow(2).mean(dims, keepdim=True) + eps)
+    out = (x.float() * rstd).to(x.dtype)
+    return (out * weight if weight is not None else out), rstd
+
+
+def _dropout(x, p, train):
+    if train and 0 < p < 1 and x.numel() > 0:
+        return aten.native_dropout(x, p, train)[0]
+    if train and p == 1:
+        return x * 0
+    return x
+
+
+@contextlib.contextmanager
+def cuda_semantics(autocast_dtype: torch.dtype | None):
+    """Within this context, ops on CPU tensors dispatch as on an H100 (see the module docstring).
+
+    ``autocast_dtype`` is the autocast dtype of the precision class, or None when autocast is off.
+    Yields a callable that opens an autocast region (use it around forward + loss only, as users do).
+    """
+    lib = torch.library.Library("aten", "IMPL")
+    state = _Autocast(autocast_dtype or torch.bfloat16)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "Overriding a previously registered kernel"
+            lib.impl("scaled_dot_product_attention", _sdpa, "AutogradCPU")
+            lib.impl("dropout", _dropout, "AutogradCPU")
+            if _has_fused_rms_norm():  # CUDA runs rms_norm as one fused kernel (torch >= 2.8)
+                lib.impl("rms_norm", _rms_norm, "AutogradCPU")
+                lib.impl("_fused_rms_norm", _fused_rms_norm_cpu, "CPU")
+            if autocast_dtype is not None:
+                for name in sorted(autocast_cuda_ops() & POLICY_OPS):
+                    lib.impl(name, state.kernel(name), "AutocastCPU")
+                for name in sorted(_ops_with_kernel("AutocastCPU") - POLICY_OPS):
+                    lib.impl(name, torch.library.fallthrough_kernel, "AutocastCPU")
+
+        @contextlib.contextmanager
+        def autocast_region():
+            if autocast_dtype is None:
+                yield
+                return
+            prev = torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")
+            torch.set_autocast_enabled("cpu", True)
+            torch.set_autocast_dtype("cpu", autocast_dtype)
+            torch.autocast_increment_nesting()
+            try:
+                yield
+            finally:
+                torch.autocast_decrement_nesting()
+                torch.set_autocast_enabled("cpu", prev[0])
+                torch.set_autocast_dtype("cpu", prev[1])
+                state.cache.clear()
+
+        yield autocast_region
+    finally:
+        lib._destroy()
+
+
+@functools.cache
+def _has_fused_rms_norm() -> bool:
+    return (hasattr(aten, "_fused_rms_norm")
+            and torch._C._dispatch_has_kernel_for_dispatch_key("aten::_fused_rms_norm", "CUDA"))
+
+
+def autocast_cuda_ops() -> frozenset[str]:
+    """The ops that have a CUDA autocast kernel in this torch build (both wheels compile them in)."""
+    return _ops_with_kernel("AutocastCUDA")
+
+
+@contextlib.contextmanager
+def cpu_semantics(autocast_dtype: torch.dtype | None):
+    """The CPU as it is: PyTorch's own CPU autocast and CPU kernels, for targets that are CPUs."""
+
+    @contextlib.contextmanager
+    def autocast_region():
+        with torch.autocast("cpu", dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None):
+            yield
+
+    yield autocast_region

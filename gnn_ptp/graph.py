@@ -1,0 +1,177 @@
+"""A traced training step as a PyTorch Geometric graph: one node per GPU kernel, edges for data flow.
+
+Views, reshapes, getitem, detach and allocations launch no kernel, so they are contracted away: their
+consumers link straight to the op that produced the data. Nothing else is merged, so every node is one
+kernel launch and its features say what that kernel does (op, dtype it runs in, phase, shapes, FLOPs,
+bytes, tensor-core use).
+
+Tensors of a ``Data``:
+- ``x_cat`` [N, 4] long: op id, category id, dtype id, phase id (embedded by the GNN)
+- ``x`` [N, NODE_FEATURES] float: log-scaled FLOPs, bytes, intensity, shapes, tensor-core flags
+- ``edge_index`` [2, E], ``edge_attr`` [E, 1]: log2(1 + bytes passed along the edge)
+- ``u`` [1, GRAPH_FEATURES]: precision, optimizer, input sizes, parameters, FLOPs per dtype and phase
+- ``phase`` [N]: 0 forward, 1 backward, 2 optimizer (per-phase readout sums over it)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from gnn_ptp import ops
+from gnn_ptp.precision import PRECISION_NAMES, get_precision
+from gnn_ptp.trace import OPTIMIZERS, PHASES, TracedStep
+
+FEATURE_VERSION = "1"
+NODE_FEATURES = 16
+FLOP_DTYPES = ("fp32", "tf32", "fp16", "bf16")
+GRAPH_FEATURE_NAMES = (
+    [f"precision={p}" for p in PRECISION_NAMES] + [f"optimizer={o}" for o in OPTIMIZERS]
+    + ["log_batch", "log_seq_len", "log_image_size", "log_params"]
+    + [f"log_flops_{d}" for d in FLOP_DTYPES] + [f"log_flops_{p}" for p in PHASES]
+    + [f"log_bytes_{p}" for p in PHASES] + [f"log_kernels_{p}" for p in PHASES]
+    + ["tensor_core_flop_share"]
+)
+GRAPH_FEATURES = len(GRAPH_FEATURE_NAMES)
+
+
+def _log(x: float) -> float:
+    return math.log2(1.0 + max(x, 0.0))
+
+
+@dataclass
+class StepSummary:
+    """What ``gnn-ptp graph`` prints: the cost structure of one training step, before any prediction."""
+
+    nodes: int
+    edges: int
+    traced_nodes: int
+    params: int
+    flops_by_phase: dict[str, float] = field(default_factory=dict)
+    bytes_by_phase: dict[str, float] = field(default_factory=dict)
+    kernels_by_phase: dict[str, int] = field(default_factory=dict)
+    flops_by_dtype: dict[str, float] = field(default_factory=dict)
+    bytes_by_dtype: dict[str, float] = field(default_factory=dict)
+    tensor_core_flop_share: float = 0.0
+    unseen_ops: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def flops(self) -> float:
+        return sum(self.flops_by_phase.values())
+
+
+def to_data(traced: TracedStep):
+    """Convert a traced step into ``(torch_geometric.data.Data, StepSummary)``."""
+    from torch_geometric.data import Data
+
+    precision = get_precision(traced.config.precision)
+    nodes = list(traced.graph.nodes)
+    source: dict[torch.fx.Node, dict[int, float]] = {}  # fx node -> {kept index: bytes it carries}
+    x_cat, x, phase = [], [], []
+    edges: dict[tuple[int, int], float] = {}
+    costs: list[ops.OpCost] = []
+
+    def carried(n: torch.fx.Node) -> dict[int, float]:
+        return source.get(n, {})
+
+    for node in nodes:
+        if node.op != "call_function":
+            continue
+        op = ops.canonical(node.target)
+        inputs = []
+        torch.fx.node.map_arg((node.args, node.kwargs), inputs.append)
+        if op in ops.FREE_OPS:
+            merged: dict[int, float] = {}
+            for n in inputs:
+                merged.update(carried(n))
+            source[node] = merged
+            continue
+        cost = ops.op_cost(node, precision)
+        index = len(costs)
+        costs.append(cost)
+        for n, t in _input_pairs(node):
+            for src in carried(n):
+                edges[(src, index)] = edges.get((src, index), 0.0) + t.numel() * t.element_size()
+        source[node] = {index: cost.bytes_written}
+        phase_id = PHASES.index(node.meta.get("phase", "forward"))
+        phase.append(phase_id)
+        x_cat.append([ops.OP_ID.get(cost.op, 0), ops.CATEGORIES.index(cost.category),
+                      ops.DTYPE_ID[cost.dtype], phase_id])
+        intensity = cost.flops / (cost.bytes_read + cost.bytes_written + 1.0)
+        numel_out = math.prod(cost.out_shape) if cost.out_shape else 0
+        x.append([_log(cost.flops), _log(cost.bytes_read), _log(cost.bytes_written), _log(intensity),
+                  *ops.log_shape(cost.out_shape), *ops.log_shape(cost.in_shape),
+                  _log(cost.n_tensors), float(cost.tensor_core), float(cost.aligned), _log(numel_out)])
+
+    summary = _summarize(traced, costs, phase, len(edges), len(nodes))
+    edge_index = (torch.tensor(list(edges.keys()), dtype=torch.long).t().contiguous()
+                  if edges else torch.zeros(2, 0, dtype=torch.long))
+    edge_attr = torch.tensor([[_log(b)] for b in edges.values()], dtype=torch.float32).reshape(-1, 1)
+    data = Data(
+        x=torch.tensor(x, dtype=torch.float32).reshape(-1, NODE_FEATURES),
+        x_cat=torch.tensor(x_cat, dtype=torch.long).reshape(-1, 4),
+        edge_index=edge_index,
+        edge_attr=edge_attr,
+        u=torch.tensor([graph_features(traced, summary)], dtype=torch.float32),
+        phase=torch.tensor(phase, dtype=torch.long),
+    )
+    data.num_nodes = len(costs)
+    return data, summary
+
+
+def _input_pairs(node: torch.fx.Node) -> list[tuple[torch.fx.Node, torch.Tensor]]:
+    """(producer node, tensor) for every tensor input, walking the fx args and their values together."""
+    pairs = []
+
+    def walk(arg, val):
+        if isinstance(arg, torch.fx.Node):
+            if isinstance(val, torch.Tensor):
+                pairs.append((arg, val))
+        elif isinstance(arg, (list, tuple)) and isinstance(val, (list, tuple)):
+            for a, v in zip(arg, val):
+                walk(a, v)
+
+    args, kwargs = node.meta["in"]
+    walk(node.args, args)
+    for key, arg in node.kwargs.items():
+        walk(arg, kwargs.get(key))
+    return pairs
+
+
+def _summarize(traced: TracedStep, costs: list[ops.OpCost], phase: list[int], n_edges: int,
+               n_traced: int) -> StepSummary:
+    s = StepSummary(nodes=len(costs), edges=n_edges, traced_nodes=n_traced, params=traced.param_count)
+    s.flops_by_phase = {p: 0.0 for p in PHASES}
+    s.bytes_by_phase = {p: 0.0 for p in PHASES}
+    s.kernels_by_phase = {p: 0 for p in PHASES}
+    tc_flops = 0.0
+    for cost, ph in zip(costs, phase):
+        name = PHASES[ph]
+        s.flops_by_phase[name] += cost.flops
+        s.bytes_by_phase[name] += cost.bytes_read + cost.bytes_written
+        s.kernels_by_phase[name] += 1
+        s.flops_by_dtype[cost.dtype] = s.flops_by_dtype.get(cost.dtype, 0.0) + cost.flops
+        s.bytes_by_dtype[cost.dtype] = (s.bytes_by_dtype.get(cost.dtype, 0.0)
+                                        + cost.bytes_read + cost.bytes_written)
+        tc_flops += cost.flops if cost.tensor_core else 0.0
+        if cost.op not in ops.OP_ID:
+            s.unseen_ops[cost.op] = s.unseen_ops.get(cost.op, 0) + 1
+    s.tensor_core_flop_share = tc_flops / s.flops if s.flops else 0.0
+    return s
+
+
+def graph_features(traced: TracedStep, s: StepSummary) -> list[float]:
+    cfg = traced.config
+    shape = traced.shape
+    u = [float(cfg.precision == p) for p in PRECISION_NAMES]
+    u += [float(cfg.optimizer == o) for o in OPTIMIZERS]
+    u += [_log(shape.batch_size), _log(shape.seq_len or 0), _log(shape.image_size or 0), _log(s.params)]
+    u += [_log(s.flops_by_dtype.get(d, 0.0)) for d in FLOP_DTYPES]
+    u += [_log(s.flops_by_phase[p]) for p in PHASES]
+    u += [_log(s.bytes_by_phase[p]) for p in PHASES]
+    u += [_log(s.kernels_by_phase[p]) for p in PHASES]
+    u += [s.tensor_core_flop_share]
+    assert len(u) == GRAPH_FEATURES
+    return u

@@ -1,0 +1,277 @@
+"""The op vocabulary and what each op costs: canonical names, categories, FLOPs, bytes, compute dtype.
+
+Canonical names fold together kernel variants that do the same work (``native_batch_norm`` on a CPU and
+``cudnn_batch_norm`` on an H100; in-place ``add_`` and ``add``), so that a graph traced with one torch
+build or device reads like one traced with another. The vocabulary is fixed here (its order is part of
+FEATURE_VERSION); an op outside it keeps its category and is flagged as unseen at prediction time.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch.utils import flop_counter
+
+# Ops that launch no kernel on a GPU: views, metadata, allocation. The graph drops them.
+FREE_OPS = {
+    "view", "_unsafe_view", "reshape", "_reshape_alias", "t", "transpose", "permute", "expand",
+    "expand_as", "squeeze", "unsqueeze", "slice", "select", "alias", "detach", "getitem", "split",
+    "split_with_sizes", "unbind", "as_strided", "narrow", "diagonal", "unfold", "view_as", "chunk",
+    "movedim", "numpy_T", "lift_fresh_copy", "empty", "empty_like", "empty_strided", "sym_size",
+    "sym_stride", "sym_numel", "lift_fresh", "_local_scalar_dense", "view_as_real", "view_as_complex", "_to_dense",
+    "empty_permuted", "new_empty", "new_empty_strided", "resolve_conj", "resolve_neg", "lift",
+    "_conj", "dim", "size", "stride",
+}
+
+ALIASES = {
+    "native_batch_norm": "batch_norm", "_native_batch_norm_legit": "batch_norm",
+    "_native_batch_norm_legit_functional": "batch_norm", "_native_batch_norm_legit_no_training": "batch_norm",
+    "cudnn_batch_norm": "batch_norm", "miopen_batch_norm": "batch_norm", "_batch_norm_with_update": "batch_norm",
+    "_batch_norm_with_update_functional": "batch_norm", "_batch_norm_no_update": "batch_norm",
+    "native_batch_norm_backward": "batch_norm_backward", "cudnn_batch_norm_backward": "batch_norm_backward",
+    "miopen_batch_norm_backward": "batch_norm_backward", "batch_norm_backward": "batch_norm_backward",
+    "_log_softmax": "log_softmax", "_softmax": "softmax", "_safe_softmax": "softmax",
+    "_log_softmax_backward_data": "log_softmax_backward", "_softmax_backward_data": "softmax_backward",
+    "nll_loss_forward": "nll_loss", "nll_loss2d_forward": "nll_loss",
+    "nll_loss2d_backward": "nll_loss_backward", "_to_copy": "to_copy", "copy": "copy",
+    "_scaled_dot_product_flash_attention": "flash_attention",
+    "_scaled_dot_product_flash_attention_for_cpu": "flash_attention",
+    "_scaled_dot_product_flash_attention_backward": "flash_attention_backward",
+    "_scaled_dot_product_flash_attention_for_cpu_backward": "flash_attention_backward",
+    "_scaled_dot_product_efficient_attention": "efficient_attention",
+    "_scaled_dot_product_efficient_attention_backward": "efficient_attention_backward",
+    "_scaled_dot_product_cudnn_attention": "cudnn_attention",
+    "_scaled_dot_product_cudnn_attention_backward": "cudnn_attention_backward",
+    "_fused_rms_norm": "rms_norm", "_fused_rms_norm_backward": "rms_norm_backward",
+    "native_layer_norm": "layer_norm", "native_layer_norm_backward": "layer_norm_backward",
+    "native_group_norm": "group_norm", "native_group_norm_backward": "group_norm_backward",
+    "_adaptive_avg_pool2d": "adaptive_avg_pool2d", "_adaptive_avg_pool2d_backward": "adaptive_avg_pool2d_backward",
+    "max_pool2d_with_indices": "max_pool2d", "max_pool2d_with_indices_backward": "max_pool2d_backward",
+    "_addmm_activation": "addmm", "scalar_tensor": "full", "zeros": "full", "ones": "full",
+    "zeros_like": "full_like", "ones_like": "full_like", "new_zeros": "full", "new_ones": "full",
+    "new_full": "full", "fill": "full_like", "bernoulli": "bernoulli", "rsub": "sub",
+    "_unsafe_index": "index", "_unsafe_index_put": "index_put",
+}
+
+CATEGORIES = ("other", "matmul", "conv", "attention", "norm", "softmax", "elementwise", "reduction",
+              "copy", "index", "creation", "random", "loss", "pool", "optimizer")
+
+_CATEGORY_OF = {
+    "matmul": ["mm", "addmm", "bmm", "baddbmm", "mv", "addmv", "dot", "addbmm"],
+    "conv": ["convolution", "convolution_backward", "cudnn_convolution", "_convolution"],
+    "attention": ["flash_attention", "flash_attention_backward", "efficient_attention",
+                  "efficient_attention_backward", "cudnn_attention", "cudnn_attention_backward"],
+    "norm": ["batch_norm", "batch_norm_backward", "layer_norm", "layer_norm_backward", "group_norm",
+             "group_norm_backward", "rms_norm", "rms_norm_backward"],
+    "softmax": ["softmax", "log_softmax", "softmax_backward", "log_softmax_backward", "logsumexp"],
+    "reduction": ["sum", "mean", "amax", "amin", "max", "min", "var_mean", "var", "std", "prod", "argmax",
+                  "argmin", "norm", "linalg_vector_norm", "cumsum", "any", "all"],
+    "copy": ["to_copy", "clone", "copy", "cat", "stack", "constant_pad_nd", "slice_backward",
+             "select_backward", "contiguous", "repeat", "repeat_interleave", "roll", "flip",
+             "as_strided_scatter", "slice_scatter", "select_scatter", "tril", "triu"],
+    "index": ["embedding", "embedding_dense_backward", "index", "index_select", "gather", "scatter",
+              "scatter_add", "index_put", "index_add", "masked_fill", "masked_scatter", "nonzero", "where"],
+    "creation": ["full", "full_like", "arange", "linspace", "eye"],
+    "random": ["native_dropout", "native_dropout_backward", "bernoulli", "rand", "randn", "rand_like",
+               "randn_like", "randint"],
+    "loss": ["nll_loss", "nll_loss_backward", "mse_loss", "mse_loss_backward", "binary_cross_entropy_with_logits",
+             "smooth_l1_loss", "l1_loss", "huber_loss", "kl_div"],
+    "pool": ["max_pool2d", "max_pool2d_backward", "avg_pool2d", "avg_pool2d_backward",
+             "adaptive_avg_pool2d", "adaptive_avg_pool2d_backward", "adaptive_max_pool2d",
+             "adaptive_max_pool2d_backward", "avg_pool3d", "max_pool3d_with_indices",
+             "upsample_nearest2d", "upsample_bilinear2d", "upsample_nearest2d_backward",
+             "upsample_bilinear2d_backward"],
+    "optimizer": ["_foreach_add", "_foreach_addcdiv", "_foreach_addcmul", "_foreach_div", "_foreach_lerp",
+                  "_foreach_mul", "_foreach_sqrt", "_foreach_sub", "_foreach_neg", "_foreach_maximum",
+                  "_foreach_copy", "_foreach_zero", "_foreach_norm", "_foreach_pow", "_foreach_reciprocal",
+                  "_amp_foreach_non_finite_check_and_unscale", "_amp_update_scale", "_fused_adam",
+                  "_fused_adamw", "_fused_sgd"],
+}
+_ELEMENTWISE = [
+    "add", "sub", "mul", "div", "neg", "pow", "sqrt", "rsqrt", "exp", "log", "tanh", "sigmoid", "relu",
+    "gelu", "silu", "hardswish", "hardsigmoid", "leaky_relu", "elu", "mish", "softplus", "erf", "sin", "cos",
+    "abs", "sign", "clamp", "clamp_min", "clamp_max", "minimum", "maximum", "reciprocal", "log1p", "expm1",
+    "eq", "ne", "lt", "le", "gt", "ge", "logical_not", "logical_and", "logical_or", "bitwise_not",
+    "bitwise_and", "bitwise_or", "floor", "ceil", "round", "fmod", "remainder", "addcmul", "addcdiv",
+    "lerp", "threshold_backward", "gelu_backward", "silu_backward", "tanh_backward", "sigmoid_backward",
+    "hardswish_backward", "hardsigmoid_backward", "leaky_relu_backward", "elu_backward", "mish_backward",
+    "softplus_backward", "hardtanh", "hardtanh_backward", "floor_divide", "isinf", "isnan", "atan2",
+    "rsub", "square", "reciprocal", "erfinv", "exp2", "log2", "log10", "trunc", "frac",
+]
+_CATEGORY_OF["elementwise"] = _ELEMENTWISE
+
+CATEGORY: dict[str, str] = {op: cat for cat, ops in _CATEGORY_OF.items() for op in ops}
+
+# The vocabulary: index 0 is every op not listed. Append only, and bump FEATURE_VERSION when you do.
+VOCAB: tuple[str, ...] = ("<unseen>",) + tuple(dict.fromkeys(
+    op for cat in CATEGORIES[1:] for op in _CATEGORY_OF[cat]))
+OP_ID = {op: i for i, op in enumerate(VOCAB)}
+
+DTYPES = ("none", "fp32", "tf32", "fp16", "bf16", "fp64", "int", "bool", "fp8")
+DTYPE_ID = {d: i for i, d in enumerate(DTYPES)}
+_DTYPE_NAME = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float64: "fp64",
+               torch.bool: "bool", torch.float8_e4m3fn: "fp8", torch.float8_e5m2: "fp8"}
+TENSOR_CORE_CATEGORIES = ("matmul", "conv", "attention")
+
+
+def canonical(target) -> str:
+    """Canonical op name of an fx call_function target (``aten.add_.Tensor`` -> ``add``)."""
+    if target is getattr(__import__("operator"), "getitem"):
+        return "getitem"
+    name = getattr(target, "__name__", str(target))
+    packet = getattr(target, "_overloadpacket", None)
+    if packet is not None:
+        name = packet.__name__
+    name = name.split(".")[0]
+    if name.endswith("_") and not name.endswith("__"):
+        name = name[:-1]  # in-place variant does the same work
+    return ALIASES.get(name, name)
+
+
+def category(op: str) -> str:
+    if op in CATEGORY:
+        return CATEGORY[op]
+    if op.startswith("_foreach_"):
+        return "optimizer"
+    if "attention" in op:
+        return "attention"
+    if "norm" in op:
+        return "norm"
+    if "pool" in op or "upsample" in op:
+        return "pool"
+    if "loss" in op:
+        return "loss"
+    return "other"
+
+
+def dtype_name(dtype: torch.dtype | None) -> str:
+    if dtype is None:
+        return "none"
+    if dtype in _DTYPE_NAME:
+        return _DTYPE_NAME[dtype]
+    return "int" if not dtype.is_floating_point and not dtype.is_complex else "fp32"
+
+
+@dataclass
+class OpCost:
+    op: str
+    category: str
+    dtype: str
+    """The dtype the op runs in on the target: tf32 for float32 matmuls and convolutions allowed TF32."""
+    flops: float
+    bytes_read: float
+    bytes_written: float
+    out_shape: tuple[int, ...]
+    in_shape: tuple[int, ...]
+    n_tensors: int
+    """Number of tensors a foreach op walks over (1 for ordinary ops)."""
+    tensor_core: bool
+    aligned: bool
+    """Tensor-core op whose inner dimensions are multiples of 8 (fp16/bf16) or 4 (tf32)."""
+
+
+def _tensors(x) -> list[torch.Tensor]:
+    out: list[torch.Tensor] = []
+
+    def visit(v):
+        if isinstance(v, torch.Tensor):
+            out.append(v)
+        elif isinstance(v, (list, tuple)):
+            for item in v:
+                visit(item)
+
+    visit(x)
+    return out
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _attention_flops(op: str, args, kwargs) -> float:
+    q, k, v = args[0:3] if "backward" not in op else args[1:4]
+    b, h, sq, d = q.shape
+    sk, dv = k.shape[-2], v.shape[-1]
+    fwd = 2.0 * b * h * sq * sk * (d + dv)
+    causal = bool(kwargs.get("is_causal", False))
+    if not causal:
+        # is_causal is positional in the flash/efficient signatures
+        positional = {"flash_attention": 4, "efficient_attention": 6, "flash_attention_backward": 9,
+                      "efficient_attention_backward": 10}.get(op)
+        if positional is not None and len(args) > positional and isinstance(args[positional], bool):
+            causal = args[positional]
+    work = fwd * (2.5 if "backward" in op else 1.0)  # backward: 5 matmuls against 2
+    return work * (0.5 if causal else 1.0)
+
+
+def _matmul_conv_flops(target, args, kwargs, out) -> float:
+    packet = getattr(target, "_overloadpacket", None)
+    formula = flop_counter.flop_registry.get(packet)
+    if formula is None:
+        return 0.0
+    try:
+        return float(formula(*args, **kwargs, out_val=out))
+    except Exception:  # a formula that does not know this overload: count nothing rather than guess
+        return 0.0
+
+
+_FLOPS_PER_ELEMENT = {"norm": 5.0, "softmax": 5.0, "loss": 2.0, "reduction": 1.0, "elementwise": 1.0,
+                      "optimizer": 3.0, "pool": 1.0, "random": 2.0}
+
+
+def op_cost(node, precision) -> OpCost:
+    """Cost of one fx call_function node traced by ``trace.trace_step`` (meta['val'] set)."""
+    op = canonical(node.target)
+    cat = category(op)
+    args, kwargs = node.meta["in"]
+    inputs = _tensors((args, list(kwargs.values())))
+    unique_inputs = list({id(t): t for t in inputs}.values())
+    out = node.meta.get("val")
+    outputs = _tensors(out)
+    bytes_read = float(sum(_nbytes(t) for t in unique_inputs))
+    bytes_written = float(sum(_nbytes(t) for t in outputs))
+    out_main = outputs[0] if outputs else None
+    in_main = inputs[0] if inputs else None
+    n_tensors = len(_tensors(args[0])) if cat == "optimizer" and args else 1
+
+    if cat in ("matmul", "conv"):
+        flops = _matmul_conv_flops(node.target, args, kwargs, out)
+    elif cat == "attention":
+        flops = _attention_flops(op, args, kwargs)
+    elif cat == "optimizer":
+        flops = _FLOPS_PER_ELEMENT["optimizer"] * sum(t.numel() for t in outputs)
+    elif cat in ("reduction", "softmax", "norm", "loss"):
+        flops = _FLOPS_PER_ELEMENT[cat] * (in_main.numel() if in_main is not None else 0)
+    elif cat in _FLOPS_PER_ELEMENT:
+        flops = _FLOPS_PER_ELEMENT[cat] * (out_main.numel() if out_main is not None else 0)
+    else:
+        flops = 0.0
+
+    floats = [t for t in (outputs + inputs) if t.is_floating_point()]
+    if cat in TENSOR_CORE_CATEGORIES and inputs:
+        dtype = dtype_name(in_main.dtype)
+        if dtype == "fp32" and cat in ("matmul", "conv"):
+            allowed = precision.matmul_tf32 if cat == "matmul" else precision.cudnn_tf32
+            dtype = "tf32" if allowed else "fp32"
+    elif floats:
+        dtype = dtype_name(floats[0].dtype)
+    else:
+        dtype = dtype_name((outputs + inputs)[0].dtype) if (outputs or inputs) else "none"
+    tensor_core = cat in TENSOR_CORE_CATEGORIES and dtype in ("tf32", "fp16", "bf16", "fp8")
+    aligned = False
+    if tensor_core:
+        step = 4 if dtype == "tf32" else 8
+        dims = [t.shape[-1] for t in inputs if t.dim() >= 1] + [t.shape[-2] for t in inputs if t.dim() >= 2]
+        aligned = all(d % step == 0 for d in dims)
+    return OpCost(op, cat, dtype, flops, bytes_read, bytes_written,
+                  tuple(out_main.shape) if out_main is not None else (),
+                  tuple(in_main.shape) if in_main is not None else (),
+                  n_tensors, tensor_core, aligned)
+
+
+def log_shape(shape: tuple[int, ...], width: int = 4) -> list[float]:
+    """The last ``width`` dims, log2(1 + d), right-aligned and zero-padded on the left."""
+    dims = list(shape[-width:])
+    return [0.0] * (width - len(dims)) + [math.log2(1 + d) for d in dims]
