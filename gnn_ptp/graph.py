@@ -175,3 +175,70 @@ def graph_features(traced: TracedStep, s: StepSummary) -> list[float]:
     u += [s.tensor_core_flop_share]
     assert len(u) == GRAPH_FEATURES
     return u
+
+
+def _si(x: float, unit: str) -> str:
+    for factor, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= factor:
+            return f"{x / factor:.2f} {prefix}{unit}"
+    return f"{x:.0f} {unit}"
+
+
+def summary_dict(traced: TracedStep, s: StepSummary) -> dict:
+    cfg = traced.config
+    return {
+        "spec": cfg.spec.to_dict(),
+        "family": traced.family,
+        "batch_size": traced.shape.batch_size,
+        "seq_len": traced.shape.seq_len,
+        "image_size": traced.shape.image_size,
+        "precision": cfg.precision,
+        "optimizer": cfg.optimizer,
+        "target": cfg.target,
+        "params": s.params,
+        "traced_ops": s.traced_nodes,
+        "nodes": s.nodes,
+        "edges": s.edges,
+        "flops": s.flops,
+        "flops_by_phase": s.flops_by_phase,
+        "bytes_by_phase": s.bytes_by_phase,
+        "kernels_by_phase": s.kernels_by_phase,
+        "flops_by_dtype": s.flops_by_dtype,
+        "bytes_by_dtype": s.bytes_by_dtype,
+        "tensor_core_flop_share": s.tensor_core_flop_share,
+        "unseen_ops": s.unseen_ops,
+        "trace_s": traced.trace_s,
+        "feature_version": FEATURE_VERSION,
+    }
+
+
+def summary_table(traced: TracedStep, s: StepSummary) -> str:
+    cfg = traced.config
+    shape = traced.shape
+    dims = f"batch {shape.batch_size}" + (f" x seq {shape.seq_len}" if shape.seq_len else "") + (
+        f" x {shape.image_size}px" if shape.image_size else "")
+    precision = get_precision(cfg.precision)
+    lines = [
+        f"{cfg.spec}  (family {traced.family})  {dims}",
+        f"precision {cfg.precision}: {precision.description}",
+        f"optimizer {cfg.optimizer}, target {cfg.target}",
+        f"parameters {_si(s.params, '')}   traced ops {s.traced_nodes} -> graph nodes {s.nodes}, "
+        f"edges {s.edges}   (traced in {traced.trace_s:.1f} s)",
+        "",
+        f"{'phase':<10}{'kernels':>9}{'FLOPs':>14}{'bytes':>14}",
+    ]
+    for p in PHASES:
+        lines.append(f"{p:<10}{s.kernels_by_phase[p]:>9}{_si(s.flops_by_phase[p], 'FLOP'):>14}"
+                     f"{_si(s.bytes_by_phase[p], 'B'):>14}")
+    lines.append(f"{'total':<10}{s.nodes:>9}{_si(s.flops, 'FLOP'):>14}"
+                 f"{_si(sum(s.bytes_by_phase.values()), 'B'):>14}")
+    lines += ["", f"{'dtype':<10}{'FLOPs':>14}{'share':>9}{'bytes':>14}"]
+    for dtype, flops in sorted(s.flops_by_dtype.items(), key=lambda kv: -kv[1]):
+        if flops == 0 and s.bytes_by_dtype.get(dtype, 0) == 0:
+            continue
+        share = flops / s.flops if s.flops else 0.0
+        lines.append(f"{dtype:<10}{_si(flops, 'FLOP'):>14}{share:>8.1%}{_si(s.bytes_by_dtype[dtype], 'B'):>14}")
+    lines.append(f"\ntensor cores: {s.tensor_core_flop_share:.1%} of FLOPs")
+    if s.unseen_ops:
+        lines.append("ops outside the vocabulary: " + ", ".join(f"{k} x{v}" for k, v in s.unseen_ops.items()))
+    return "\n".join(lines)

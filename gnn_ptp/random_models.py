@@ -294,3 +294,12 @@ class RandomMLP(nn.Module):
 
     def forward(self, x):
         return self.net(x)
+
+
+def param_count(kind: str, seed: int, overrides: dict) -> int:
+    """Parameters of ``random:<kind>:<seed>``, counted on the meta device (no memory)."""
+    arch = arch_for(kind, seed, overrides)
+    with torch.device("meta"):
+        model = {"transformer": lambda: RandomTransformer(arch, max_len=1), "cnn": lambda: RandomCNN(arch),
+                 "mlp": lambda: RandomMLP(arch)}[kind]()
+    return sum(p.numel() for p in model.parameters())

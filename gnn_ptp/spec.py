@@ -110,17 +110,26 @@ def parse_value(text: str) -> Any:
         return text
 
 
+def _frozen(value):
+    """Lists become tuples so that a spec can key a cache (``depths=[2, 2]``)."""
+    if isinstance(value, (list, tuple)):
+        return tuple(_frozen(v) for v in value)
+    if isinstance(value, dict):
+        return tuple(sorted((k, _frozen(v)) for k, v in value.items()))
+    return value
+
+
 def parse_overrides(items: list[str] | dict | None) -> tuple[tuple[str, Any], ...]:
     if not items:
         return ()
     if isinstance(items, dict):
-        return tuple(sorted(items.items()))
+        return tuple(sorted((k, _frozen(v)) for k, v in items.items()))
     out = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise UserError(f"--set {item!r} is not key=value (e.g. --set num_hidden_layers=24)")
-        out[key.strip()] = parse_value(value.strip())
+        out[key.strip()] = _frozen(parse_value(value.strip()))
     return tuple(sorted(out.items()))
 
 
@@ -145,8 +154,21 @@ def build(spec: ModelSpec, shape: Shape, device: torch.device | str = "meta",
     device = torch.device(device)
     builder = {"hf": build_hf, "torchvision": build_torchvision, "timm": build_timm,
                "py": build_py, "random": build_random}[spec.source]
-    with torch.device(device):
-        workload = builder(spec, shape)
+    try:
+        with torch.device(device):
+            workload = builder(spec, shape)
+    except (NotImplementedError, RuntimeError) as e:
+        if device.type != "meta" or "meta" not in str(e):
+            raise
+        # a constructor that reads tensor values (torchvision's RegNet computes its widths from
+        # tensors): build on the CPU for real, then drop the storage
+        with torch.device("cpu"):
+            workload = builder(spec, shape)
+        workload.model.to("meta")
+        to_meta = lambda x: x.to("meta") if isinstance(x, torch.Tensor) else x  # noqa: E731
+        workload.args = tuple(to_meta(a) for a in workload.args)
+        workload.kwargs = {k: to_meta(v) for k, v in workload.kwargs.items()}
+        workload.targets = {k: to_meta(v) for k, v in workload.targets.items()}
     workload.model.train()
     if param_dtype != torch.float32:
         workload.model.to(param_dtype)
@@ -223,7 +245,8 @@ def _hf_config(spec: ModelSpec):
             raise UserError(f"unknown model {spec.spec!r}: no transformers model_type {name!r}"
                             + closest(name, transformers.CONFIG_MAPPING.keys()))
         config = transformers.AutoConfig.for_model(name)
-    known = set(config.to_dict()) | set(getattr(config, "attribute_map", {}))
+    known = (set(config.to_dict()) | set(getattr(config, "attribute_map", {}))
+             | {k for k in dir(type(config)) if isinstance(getattr(type(config), k, None), property)})
     for key, value in overrides.items():
         if key not in known:
             raise UserError(f"--set {key}: {config.model_type} configs have no field {key!r}"
@@ -289,8 +312,12 @@ def _task_from_class_name(cls_name: str) -> str:
 def build_hf(spec: ModelSpec, shape: Shape) -> Workload:
     config = _hf_config(spec)
     task, cls = _hf_task(config, spec.task)
+    if task == "image-classification" and shape.image_size and hasattr(config, "image_size"):
+        config.image_size = shape.image_size  # ViT-style models check the input size against it
     if task == "sequence-classification" and getattr(config, "pad_token_id", None) is None:
         config.pad_token_id = 0  # GPT-style models refuse batches > 1 without one
+    if task == "seq2seq-lm" and getattr(config, "decoder_start_token_id", None) is None:
+        config.decoder_start_token_id = getattr(config, "pad_token_id", None) or 0  # shifts labels right
     model = cls._from_config(config) if hasattr(cls, "_from_config") else cls(config)
     family = family_of(spec, config.model_type)
     b = shape.batch_size

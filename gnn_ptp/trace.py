@@ -13,6 +13,7 @@ those of an H100 (see ``cuda_dispatch``); with ``target="cpu"`` they are the CPU
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import time
 from dataclasses import dataclass
@@ -182,9 +183,17 @@ def _optimizer_update(name: str, params, grads, state, steps):
     adam(params, grads, state[0], state[1], [], steps, weight_decay=0.0, **kwargs)
 
 
+# These classes change which tensor-core mode matmuls and convolutions use, not the graph: they share
+# the fp32 trace, and the graph converter reads the TF32 switches from the precision class.
+_SAME_TRACE_AS = {"tf32": "fp32", "torch-default": "fp32"}
+
+
 def trace_step(config: StepConfig) -> TracedStep:
-    """Trace the training step of ``config`` (cached: the same config is traced once per process)."""
-    return _trace_cached(config)
+    """Trace the training step of ``config`` (cached: the same graph is traced once per process)."""
+    base = _SAME_TRACE_AS.get(config.precision)
+    if base is None:
+        return _trace_cached(config)
+    return dataclasses.replace(_trace_cached(dataclasses.replace(config, precision=base)), config=config)
 
 
 @functools.lru_cache(maxsize=32)

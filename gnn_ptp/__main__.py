@@ -1,0 +1,5 @@
+import sys
+
+from gnn_ptp.cli import main
+
+sys.exit(main())

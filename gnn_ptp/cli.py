@@ -1,0 +1,225 @@
+"""The ``gnn-ptp`` command line: one subcommand per job, heavy imports inside each run function.
+
+A mistake in the user's input is one line on stderr (``gnn-ptp <cmd>: error: ...``) and exit code 2;
+``--debug`` shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from gnn_ptp.errors import UserError
+
+PRECISION_HELP = "fp32, tf32, torch-default, amp-fp16, amp-bf16 or bf16"
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be positive")
+    return value
+
+
+def add_model_args(p: argparse.ArgumentParser, batch_required: bool = False) -> None:
+    p.add_argument("spec", help="model spec: hf:<model_type>|hf:<config.json>|torchvision:<name>|"
+                                "timm:<name>|py:<file.py>:<factory>|random:<kind>:<seed>")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config field / constructor argument (repeatable)")
+    p.add_argument("--task", help="hf task head: causal-lm, masked-lm, seq2seq-lm, "
+                                  "sequence-classification, image-classification")
+    p.add_argument("--batch-size", type=_positive_int, required=batch_required,
+                   default=None if batch_required else 8, help="samples per step per GPU (default 8)")
+    p.add_argument("--seq-len", type=_positive_int, help="tokens per sample (text models; default 512)")
+    p.add_argument("--image-size", type=_positive_int, help="pixels per side (vision models; default 224)")
+    p.add_argument("--optimizer", default="adamw", help="adamw (default), adam or sgd")
+
+
+def step_config(args, precision: str, target: str = "cuda"):
+    from gnn_ptp.spec import Shape, parse_spec
+    from gnn_ptp.trace import StepConfig
+
+    spec = parse_spec(args.spec, args.overrides, args.task)
+    shape = Shape(args.batch_size, args.seq_len, args.image_size)
+    return StepConfig(spec, shape, precision, args.optimizer, target)
+
+
+# --- graph ---------------------------------------------------------------------------------------
+
+
+def add_graph_parser(sub) -> None:
+    p = sub.add_parser("graph", help="trace one training step and show its cost structure",
+                       description="Trace one training step (no GPU needed) and print what it costs: "
+                                   "kernels, FLOPs and bytes by phase and by dtype, tensor-core share.")
+    add_model_args(p)
+    p.add_argument("--precision", default="amp-bf16", help=PRECISION_HELP + " (default amp-bf16)")
+    p.add_argument("--target", default="cuda", choices=("cuda", "cpu"),
+                   help="trace as an NVIDIA GPU runs it (default) or as a CPU does")
+    p.add_argument("--out", help="save the PyTorch Geometric graph here (.pt)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(run=run_graph)
+
+
+def run_graph(args) -> int:
+    from gnn_ptp import graph
+    from gnn_ptp.store import atomic_torch_save
+    from gnn_ptp.trace import trace_step
+
+    config = step_config(args, args.precision, args.target)
+    traced = trace_step(config)
+    data, summary = graph.to_data(traced)
+    if args.out:
+        atomic_torch_save(data, args.out)
+    if args.json:
+        print(json.dumps(graph.summary_dict(traced, summary), indent=2))
+    else:
+        print(graph.summary_table(traced, summary))
+        if args.out:
+            print(f"graph saved to {args.out}")
+    return 0
+
+
+# --- collect -------------------------------------------------------------------------------------
+
+
+def add_collect_parser(sub) -> None:
+    from gnn_ptp.collect import CollectConfig
+
+    d = CollectConfig("", "")
+    p = sub.add_parser("collect", help="measure real training steps into datasets/<hardware>/",
+                       description="Run every configuration of a grid on this machine's GPU (or CPU) and "
+                                   "append one record per configuration. Resumable: a rerun skips what the "
+                                   "folder holds. Under torchrun with --ddp: DistributedDataParallel steps.")
+    p.add_argument("--grid", required=True, help="grid file (training/grids/*.toml)")
+    p.add_argument("--out", required=True, help="dataset folder named for the hardware, e.g. datasets/h100")
+    p.add_argument("--device", default=d.device, help="cuda, cpu or auto (default)")
+    p.add_argument("--warmup-steps", type=int, default=d.warmup_steps)
+    p.add_argument("--min-steps", type=int, default=d.min_steps)
+    p.add_argument("--min-time-s", type=float, default=d.min_time_s)
+    p.add_argument("--max-time-s", type=float, default=d.max_time_s)
+    p.add_argument("--overhead-target", type=float, default=d.overhead_target,
+                   help="share of wall time building and warm-up may take (default 0.2)")
+    p.add_argument("--budget-s", type=_positive_float, help="stop cleanly before this many seconds")
+    p.add_argument("--limit", type=_positive_int, help="measure at most this many configurations")
+    p.add_argument("--retry-errors", action="store_true", help="measure again configurations that failed")
+    p.add_argument("--repeat", action="store_true",
+                   help="measure again configurations already held (for run-to-run noise)")
+    p.add_argument("--threads", type=_positive_int, help="torch CPU threads (CPU collection)")
+    p.add_argument("--ddp", action="store_true", help="measure DDP steps (run under torchrun)")
+    p.add_argument("--bucket-cap-mb", type=float, default=d.bucket_cap_mb)
+    p.add_argument("--allow-dir-mismatch", action="store_true")
+    p.set_defaults(run=run_collect)
+
+
+def run_collect(args) -> int:
+    from gnn_ptp.collect import CollectConfig, collect
+
+    cfg = CollectConfig(grid=args.grid, out=args.out, device=args.device, warmup_steps=args.warmup_steps,
+                        min_steps=args.min_steps, min_time_s=args.min_time_s, max_time_s=args.max_time_s,
+                        overhead_target=args.overhead_target, budget_s=args.budget_s,
+                        retry_errors=args.retry_errors, repeat=args.repeat, limit=args.limit,
+                        threads=args.threads, ddp=args.ddp, bucket_cap_mb=args.bucket_cap_mb,
+                        allow_dir_mismatch=args.allow_dir_mismatch)
+    counts = collect(cfg)
+    return 130 if counts["interrupted"] else 0
+
+
+# --- data ------------------------------------------------------------------------------------------
+
+
+def add_data_parser(sub) -> None:
+    p = sub.add_parser("data", help="inspect dataset folders")
+    data_sub = p.add_subparsers(dest="data_command", metavar="DATA_COMMAND")
+    data_sub.required = True
+    stats = data_sub.add_parser("stats", help="counts by hardware, family, precision, status; noise")
+    stats.add_argument("path", help="dataset folder or .jsonl file")
+    stats.add_argument("--min-step-ms", type=float, default=10.0,
+                       help="noise is also reported for steps at least this long (default 10)")
+    stats.add_argument("--json", action="store_true")
+    stats.set_defaults(run=run_data_stats)
+
+
+def run_data_stats(args) -> int:
+    from gnn_ptp.stats import dataset_stats, format_stats
+
+    s = dataset_stats(args.path, args.min_step_ms)
+    print(json.dumps(s, indent=2) if args.json else format_stats(s))
+    return 0
+
+
+# --- main ------------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from gnn_ptp import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="gnn-ptp",
+        description="Predict how long a PyTorch training step takes on an NVIDIA H100, "
+                    "for any model, batch size and precision setting.")
+    parser.add_argument("--version", action="version", version=f"gnn-ptp {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    add_graph_parser(sub)
+    add_collect_parser(sub)
+    add_data_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not args.debug:
+        _quiet_libraries()
+    try:
+        return args.run(args)
+    except UserError as e:
+        if args.debug:
+            raise
+        print(f"gnn-ptp {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"gnn-ptp {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # a failure of ours or of the model's code: one line, --debug for more
+        if args.debug:
+            raise
+        from gnn_ptp.trace import TraceError
+
+        kind = "error" if isinstance(e, TraceError) else f"internal error ({type(e).__name__})"
+        print(f"gnn-ptp {args.command}: {kind}: {e} (rerun with --debug for the traceback)",
+              file=sys.stderr)
+        return 1
+
+
+def _quiet_libraries() -> None:
+    """Deprecation chatter from torch and transformers is not for our users; --debug keeps it."""
+    import logging
+    import warnings
+
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    warnings.filterwarnings("ignore", message=".*TypedStorage is deprecated.*")
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

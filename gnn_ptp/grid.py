@@ -1,0 +1,133 @@
+"""Collection grids: plain TOML files in training/grids/ that expand into configurations to measure.
+
+    name = "cpu"                          # records go to <out>/<name>.jsonl
+    precisions = ["fp32", "amp-bf16"]     # defaults for every entry below
+    optimizers = ["adamw"]
+
+    [[model]]                             # a zoo model: the cartesian product of its lists
+    spec = "hf:gpt2"
+    set = { n_layer = 2, n_embd = 128, n_head = 4 }
+    batch_size = [2, 8]
+    seq_len = [64, 256]
+
+    [[random]]                            # random architectures: one per seed, shapes drawn per seed
+    kind = "transformer"
+    seeds = [0, 30]                       # seeds 0..29
+    batch_size = [1, 2, 4, 8]
+    seq_len = [32, 64, 128]
+    samples = 2                           # shapes drawn per seed
+    max_params = 20_000_000               # skip seeds whose model is larger
+
+Entries are interleaved round-robin so that a run cut short by its budget has covered every entry.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import tomllib
+from pathlib import Path
+
+from gnn_ptp.errors import UserError, closest
+from gnn_ptp.precision import PRECISION_NAMES
+from gnn_ptp.trace import OPTIMIZERS
+
+TOP_KEYS = {"name", "description", "precisions", "optimizers", "model", "random"}
+MODEL_KEYS = {"spec", "set", "task", "batch_size", "seq_len", "image_size", "precisions", "optimizers"}
+RANDOM_KEYS = {"kind", "seeds", "set", "batch_size", "seq_len", "image_size", "samples", "max_params",
+               "precisions", "optimizers"}
+
+
+def _check_keys(where: str, table: dict, allowed: set[str]) -> None:
+    for key in table:
+        if key not in allowed:
+            raise UserError(f"{where}: unknown key {key!r}; allowed: {', '.join(sorted(allowed))}"
+                            + closest(key, allowed))
+
+
+def _list(value) -> list:
+    if value is None:
+        return [None]
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def _check_names(where: str, names: list, allowed: tuple[str, ...], what: str) -> None:
+    for name in names:
+        if name not in allowed:
+            raise UserError(f"{where}: unknown {what} {name!r}; allowed: {', '.join(allowed)}"
+                            + closest(str(name), allowed))
+
+
+def load_grid(path: str | Path) -> tuple[str, list[dict]]:
+    """Read a grid file; return its name and the configurations it expands to, interleaved."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"grid file {str(path)!r} does not exist")
+    try:
+        grid = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise UserError(f"grid file {path}: {e}") from None
+    _check_keys(str(path), grid, TOP_KEYS)
+    default_precisions = grid.get("precisions", list(PRECISION_NAMES))
+    default_optimizers = grid.get("optimizers", ["adamw"])
+    entries: list[list[dict]] = []
+    for i, entry in enumerate(grid.get("model", [])):
+        where = f"{path} [[model]] #{i + 1}"
+        _check_keys(where, entry, MODEL_KEYS)
+        if "spec" not in entry:
+            raise UserError(f"{where}: missing 'spec'")
+        entries.append(_expand_model(where, entry, default_precisions, default_optimizers))
+    for i, entry in enumerate(grid.get("random", [])):
+        where = f"{path} [[random]] #{i + 1}"
+        _check_keys(where, entry, RANDOM_KEYS)
+        entries.append(_expand_random(where, entry, default_precisions, default_optimizers))
+    configs = [c for group in itertools.zip_longest(*entries) for c in group if c is not None]
+    return grid.get("name", path.stem), configs
+
+
+def _expand_model(where, entry, default_precisions, default_optimizers) -> list[dict]:
+    precisions = entry.get("precisions", default_precisions)
+    optimizers = entry.get("optimizers", default_optimizers)
+    _check_names(where, precisions, PRECISION_NAMES, "precision")
+    _check_names(where, optimizers, OPTIMIZERS, "optimizer")
+    out = []
+    for batch, seq, image, optimizer, precision in itertools.product(
+            _list(entry.get("batch_size", 8)), _list(entry.get("seq_len")), _list(entry.get("image_size")),
+            optimizers, precisions):
+        out.append({"spec": entry["spec"], "set": dict(entry.get("set", {})), "task": entry.get("task"),
+                    "batch_size": batch, "seq_len": seq, "image_size": image,
+                    "precision": precision, "optimizer": optimizer})
+    return out
+
+
+def _expand_random(where, entry, default_precisions, default_optimizers) -> list[dict]:
+    from gnn_ptp import random_models
+
+    kind = entry.get("kind")
+    if kind not in random_models.KINDS:
+        raise UserError(f"{where}: kind must be one of {', '.join(random_models.KINDS)}, got {kind!r}")
+    seeds = entry.get("seeds", [0, 10])
+    if not (isinstance(seeds, list) and len(seeds) == 2):
+        raise UserError(f"{where}: seeds must be [first, stop], got {seeds!r}")
+    precisions = entry.get("precisions", default_precisions)
+    optimizers = entry.get("optimizers", default_optimizers)
+    _check_names(where, precisions, PRECISION_NAMES, "precision")
+    _check_names(where, optimizers, OPTIMIZERS, "optimizer")
+    max_params = entry.get("max_params")
+    out = []
+    for seed in range(*seeds):
+        spec = f"random:{kind}:{seed}"
+        overrides = dict(entry.get("set", {}))
+        if max_params is not None and random_models.param_count(kind, seed, overrides) > max_params:
+            continue
+        rng = random.Random(f"{spec}:shape")
+        for _ in range(entry.get("samples", 1)):
+            batch = rng.choice(_list(entry.get("batch_size", [8])))
+            seq = rng.choice(_list(entry.get("seq_len"))) if kind == "transformer" else None
+            image = rng.choice(_list(entry.get("image_size"))) if kind == "cnn" else None
+            for optimizer in optimizers:
+                for precision in precisions:
+                    out.append({"spec": spec, "set": overrides, "task": None, "batch_size": batch,
+                                "seq_len": seq, "image_size": image, "precision": precision,
+                                "optimizer": optimizer})
+    return out

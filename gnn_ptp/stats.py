@@ -1,0 +1,76 @@
+"""``gnn-ptp data stats``: what a dataset folder holds and how noisy its measurements are."""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter, defaultdict
+
+from gnn_ptp.records import iter_records
+
+
+def noise(record: dict) -> float | None:
+    """Run-to-run spread of one record's step time: (p90 - p10) / median."""
+    step = (record.get("timing") or {}).get("step_ms")
+    if not step or not step.get("median"):
+        return None
+    return (step["p90"] - step["p10"]) / step["median"]
+
+
+def _quantile(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(int(q * len(values)), len(values) - 1)]
+
+
+def dataset_stats(path, min_step_ms: float = 10.0) -> dict:
+    rows = list(iter_records(path))
+    by = {name: Counter() for name in ("hardware", "family", "precision", "status", "world_size")}
+    noises, long_noises = [], []
+    groups: dict[str, list[float]] = defaultdict(list)
+    for r in rows:
+        by["hardware"][r.get("env", {}).get("hardware", "?")] += 1
+        by["family"][r.get("family") or "?"] += 1
+        by["precision"][r["config"]["precision"]] += 1
+        by["status"][r.get("status", "?")] += 1
+        by["world_size"][(r.get("ddp") or {}).get("world_size", 1)] += 1
+        n = noise(r) if r.get("status") == "ok" else None
+        if n is not None:
+            noises.append(n)
+            if r["timing"]["step_ms"]["median"] >= min_step_ms:
+                long_noises.append(n)
+            groups[r["key"]].append(r["timing"]["step_ms"]["median"])
+
+    def dist(values):
+        if not values:
+            return {"n": 0}
+        return {"n": len(values), "median": statistics.median(values), "p90": _quantile(values, 0.9),
+                "max": max(values), "share_le_2pct": sum(v <= 0.02 for v in values) / len(values)}
+
+    repeats = [abs(v[1] - v[0]) / ((v[1] + v[0]) / 2) for v in groups.values() if len(v) >= 2]
+    return {
+        "records": len(rows),
+        "by_hardware": dict(by["hardware"]), "by_family": dict(sorted(by["family"].items())),
+        "by_precision": dict(by["precision"]), "by_status": dict(by["status"]),
+        "by_world_size": {str(k): v for k, v in sorted(by["world_size"].items())},
+        "noise": dist(noises), f"noise_steps_ge_{min_step_ms:g}ms": dist(long_noises),
+        "repeat_difference": dist(repeats),
+    }
+
+
+def format_stats(s: dict) -> str:
+    lines = [f"records: {s['records']}"]
+    for key in ("by_hardware", "by_status", "by_precision", "by_world_size", "by_family"):
+        items = ", ".join(f"{k} {v}" for k, v in s[key].items())
+        lines.append(f"{key[3:]:<12} {items}")
+    for key in [k for k in s if k.startswith("noise")] + ["repeat_difference"]:
+        d = s[key]
+        title = {"noise": "noise (p90-p10)/median, all ok records"}.get(key, key.replace("_", " "))
+        if key == "repeat_difference":
+            title = "re-measured configurations, |a-b|/mean of medians"
+        elif key != "noise":
+            title = f"noise, steps >= {key.split('_ge_')[1]}"
+        if d["n"] == 0:
+            lines.append(f"{title}: none")
+        else:
+            lines.append(f"{title}: n {d['n']}, median {d['median']:.2%}, p90 {d['p90']:.2%}, "
+                         f"max {d['max']:.2%}, <= 2%: {d['share_le_2pct']:.0%}")
+    return "\n".join(lines)
