@@ -162,6 +162,162 @@ def run_data_stats(args) -> int:
     return 0
 
 
+# --- train / evaluate ------------------------------------------------------------------------------
+
+
+def add_train_parser(sub) -> None:
+    p = sub.add_parser("train", help="train the GNN on a dataset folder and write a checkpoint",
+                       description="Train the precision-aware GNN on measured records, holding whole model "
+                                   "families out; one line per epoch; writes weights + meta.json.")
+    p.add_argument("--data", required=True, help="dataset folder, e.g. datasets/h100")
+    p.add_argument("--config", help="training config (TOML), e.g. training/default.toml")
+    p.add_argument("--out", required=True, help="checkpoint folder, e.g. checkpoints/h100")
+    p.add_argument("--seed", type=int, help="overrides the config's seed")
+    p.add_argument("--epochs", type=_positive_int, help="overrides the config's epochs")
+    p.add_argument("--threads", type=_positive_int, help="torch CPU threads")
+    p.add_argument("--baselines", action="store_true",
+                   help="also train the precision-unaware baseline (into OUT/baselines/)")
+    p.add_argument("--wandb", action="store_true", help="log config, curves and metrics to Weights & Biases")
+    p.add_argument("--wandb-project", default="gnn-ptp")
+    p.set_defaults(run=run_train)
+
+
+def run_train(args) -> int:
+    import dataclasses
+
+    from gnn_ptp.train import load_train_config, train
+
+    cfg = load_train_config(args.config)
+    changes = {k: v for k, v in (("seed", args.seed), ("epochs", args.epochs), ("threads", args.threads))
+               if v is not None}
+    cfg = dataclasses.replace(cfg, **changes)
+    logger = None
+    if args.wandb:
+        from gnn_ptp.tracking import WandbLogger
+
+        logger = WandbLogger({**cfg.to_dict(), "data": args.data}, project=args.wandb_project,
+                             tags=["train"])
+    try:
+        result = train(cfg, args.data, args.out, logger=logger)
+        if args.baselines:
+            families = result["split"]
+            unaware = dataclasses.replace(
+                cfg, model=dataclasses.replace(cfg.model, precision_aware=False),
+                test_families=tuple(f for f, s in families.items() if s == "test"),
+                val_families=tuple(f for f, s in families.items() if s == "val"))
+            from pathlib import Path
+
+            print("training the precision-unaware baseline (graphs traced as fp32) ...", file=sys.stderr)
+            train(unaware, args.data, Path(args.out) / "baselines" / "precision_unaware")
+    finally:
+        if logger:
+            logger.finish()
+    return 0
+
+
+def add_evaluate_parser(sub) -> None:
+    p = sub.add_parser("evaluate", help="score a checkpoint against measurements and baselines",
+                       description="MAPE, median and p90 APE overall, per precision and per held-out family, "
+                                   "side by side with the precision-unaware GNN, a roofline and a ridge "
+                                   "model on graph totals.")
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--data", required=True)
+    p.add_argument("--split", default="test", help="test (held-out families, default), val, train or all")
+    p.add_argument("--plot", help="write a parity plot PNG here")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(run=run_evaluate)
+
+
+def run_evaluate(args) -> int:
+    from gnn_ptp.evaluate import evaluate, format_table
+
+    result = evaluate(args.checkpoint, args.data, args.split, args.plot)
+    print(json.dumps(result, indent=2) if args.json else format_table(result))
+    return 0
+
+
+# --- sweep -----------------------------------------------------------------------------------------
+
+
+def add_sweep_parser(sub) -> None:
+    p = sub.add_parser("sweep", help="search GNN architectures and training hyperparameters with Optuna",
+                       description="Optuna study over layer, width, depth, norm, readout, dropout, heads, "
+                                   "learning rate, weight decay and batch size, scored by validation MAPE, "
+                                   "with median pruning; one line per trial. Workers that share --storage "
+                                   "and --study add trials to one study (give each its own --seed).")
+    p.add_argument("--data", required=True, help="dataset folder, e.g. datasets/h100")
+    p.add_argument("--trials", type=_positive_int, required=True, help="trials to run in this worker")
+    p.add_argument("--storage", help="database URL (postgresql://user:pass@host/db, sqlite:///file.db) or a "
+                                     "SQLite file path (default: DATA/.cache/sweep.db)")
+    p.add_argument("--study", default="gnn-ptp", help="study name (default gnn-ptp)")
+    p.add_argument("--config", help="base training config (TOML): split, seed, memory weight, epochs...")
+    p.add_argument("--epochs", type=_positive_int, help="epochs per trial (overrides the config's)")
+    p.add_argument("--threads", type=_positive_int, help="torch CPU threads")
+    p.add_argument("--write-best", metavar="PATH", help="write the best trial as a training config (TOML)")
+    p.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
+    p.set_defaults(run=run_sweep)
+
+
+def run_sweep(args) -> int:
+    from gnn_ptp.sweep import require, sweep
+    from gnn_ptp.train import load_train_config
+
+    optuna = require("optuna")
+    base = load_train_config(args.config)
+    if args.threads:  # a setting of this machine, not of the trials: kept out of --write-best's config
+        import torch
+
+        torch.set_num_threads(args.threads)
+    if not args.debug:
+        optuna.logging.set_verbosity(optuna.logging.WARNING)  # our one line per trial replaces Optuna's
+    sweep(args.data, args.trials, storage=args.storage, study_name=args.study, out_config=args.write_best,
+          epochs=args.epochs, seed=args.seed, base=base)
+    return 0
+
+
+# --- predict ---------------------------------------------------------------------------------------
+
+
+def add_predict_parser(sub) -> None:
+    p = sub.add_parser("predict", help="predict the time of a training step (and job) on a GPU",
+                       description="Trace the model's training step and predict forward, backward, optimizer "
+                                   "and total time per step with a trained checkpoint.")
+    add_model_args(p)
+    p.add_argument("--precision", default="amp-bf16", help=PRECISION_HELP + " or all (default amp-bf16)")
+    p.add_argument("--gpus", type=_positive_int, default=1, help="data-parallel GPUs (default 1)")
+    p.add_argument("--hardware", default="h100", help="which shipped checkpoint: h100 (default), cpu, ...")
+    p.add_argument("--checkpoint", help="checkpoint folder (overrides --hardware)")
+    p.add_argument("--steps", type=_positive_int, help="steps in the job: prints the job's time")
+    p.add_argument("--epochs", type=_positive_float, help="epochs in the job (needs --dataset-size)")
+    p.add_argument("--dataset-size", type=_positive_int, help="samples per epoch")
+    p.add_argument("--gpu-hour-cost", type=_positive_float, help="price of one GPU-hour: prints the cost")
+    p.add_argument("--no-cache", action="store_true", help="do not read or write the on-disk graph cache")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(run=run_predict)
+
+
+def run_predict(args) -> int:
+    from gnn_ptp.precision import PRECISION_NAMES
+    from gnn_ptp.predict import format_predictions, predict_many
+
+    precisions = list(PRECISION_NAMES) if args.precision == "all" else [args.precision]
+    preds = predict_many(args.spec, precisions, args.batch_size, seq_len=args.seq_len,
+                         image_size=args.image_size, gpus=args.gpus, hardware=args.hardware,
+                         checkpoint=args.checkpoint, optimizer=args.optimizer, overrides=args.overrides,
+                         task=args.task, steps=args.steps, epochs=args.epochs, dataset_size=args.dataset_size,
+                         gpu_hour_cost=args.gpu_hour_cost, use_disk_cache=not args.no_cache)
+    if args.json:
+        rows = [p.to_dict() for p in preds]
+        if args.precision == "all":
+            fastest = min(preds, key=lambda p: p.iteration_ms).precision
+            print(json.dumps({"predictions": rows, "fastest": fastest}, indent=2))
+        else:
+            print(json.dumps(rows[0], indent=2))
+    else:
+        print(format_predictions(preds))
+    return 0
+
+
 # --- main ------------------------------------------------------------------------------------------
 
 
@@ -179,6 +335,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_graph_parser(sub)
     add_collect_parser(sub)
     add_data_parser(sub)
+    add_train_parser(sub)
+    add_evaluate_parser(sub)
+    add_sweep_parser(sub)
+    add_predict_parser(sub)
     return parser
 
 

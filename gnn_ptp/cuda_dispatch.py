@@ -14,7 +14,8 @@ in PyTorch's dispatcher (with ``torch.library``, undone on exit):
    fp16/bf16 with head_dim <= 256 and no arbitrary mask, memory-efficient attention otherwise when the
    head dim is aligned, the math path last.
 3. **Fused kernels.** CUDA runs dropout as one ``native_dropout`` kernel (the CPU composes bernoulli,
-   div and mul) and ``rms_norm`` as ``_fused_rms_norm`` (the CPU decomposes it).
+   div and mul), ``rms_norm`` as ``_fused_rms_norm`` (the CPU decomposes it), and a float16 input's
+   float32 softmax as one ``_softmax(half_to_float=True)`` (the CPU casts first).
 
 Everything else (batch norm, convolutions, embeddings, losses) records the same aten ops on both devices
 up to names, which ``ops.canonical`` folds together (``native_batch_norm`` vs ``cudnn_batch_norm``).
@@ -28,6 +29,7 @@ import math
 import warnings
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._pytree import tree_map
 
 aten = torch.ops.aten
@@ -210,6 +212,24 @@ def _fused_rms_norm_cpu(x, normalized_shape, weight=None, eps=None):
     return (out * weight if weight is not None else out), rstd
 
 
+def _half_to_float(x, dtype) -> bool:
+    """CUDA computes a float16 input's float32 (log_)softmax in one kernel, with no cast first. Only
+    fake tensors can take that path here: the CPU kernel has no half_to_float."""
+    return x.dtype == torch.float16 and dtype == torch.float32 and isinstance(x, FakeTensor)
+
+
+def _softmax(x, dim, dtype=None):
+    if _half_to_float(x, dtype):
+        return aten._softmax(x, dim, True)
+    return aten._softmax(x.to(dtype) if dtype is not None else x, dim, False)
+
+
+def _log_softmax(x, dim, dtype=None):
+    if _half_to_float(x, dtype):
+        return aten._log_softmax(x, dim, True)
+    return aten._log_softmax(x.to(dtype) if dtype is not None else x, dim, False)
+
+
 def _dropout(x, p, train):
     if train and 0 < p < 1 and x.numel() > 0:
         return aten.native_dropout(x, p, train)[0]
@@ -232,6 +252,8 @@ def cuda_semantics(autocast_dtype: torch.dtype | None):
             warnings.simplefilter("ignore")  # "Overriding a previously registered kernel"
             lib.impl("scaled_dot_product_attention", _sdpa, "AutogradCPU")
             lib.impl("dropout", _dropout, "AutogradCPU")
+            lib.impl("softmax.int", _softmax, "AutogradCPU")
+            lib.impl("log_softmax.int", _log_softmax, "AutogradCPU")
             if _has_fused_rms_norm():  # CUDA runs rms_norm as one fused kernel (torch >= 2.8)
                 lib.impl("rms_norm", _rms_norm, "AutogradCPU")
                 lib.impl("_fused_rms_norm", _fused_rms_norm_cpu, "CPU")

@@ -11,6 +11,8 @@ Tensors of a ``Data``:
 - ``edge_index`` [2, E], ``edge_attr`` [E, 1]: log2(1 + bytes passed along the edge)
 - ``u`` [1, GRAPH_FEATURES]: precision, optimizer, input sizes, parameters, FLOPs per dtype and phase
 - ``phase`` [N]: 0 forward, 1 backward, 2 optimizer (per-phase readout sums over it)
+- ``grad_bytes`` [N]: parameter-gradient bytes each kernel finalises (not a feature: for the
+  all-reduce overlap model)
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from gnn_ptp import ops
 from gnn_ptp.precision import PRECISION_NAMES, get_precision
 from gnn_ptp.trace import OPTIMIZERS, PHASES, TracedStep
 
-FEATURE_VERSION = "1"
+FEATURE_VERSION = "3"  # 2: causal attention backward and grouped-conv backward FLOPs fixed
+# 3: float16 softmax with a float32 result is one kernel, as on CUDA
 NODE_FEATURES = 16
 FLOP_DTYPES = ("fp32", "tf32", "fp16", "bf16")
 GRAPH_FEATURE_NAMES = (
@@ -72,6 +75,7 @@ def to_data(traced: TracedStep):
     x_cat, x, phase = [], [], []
     edges: dict[tuple[int, int], float] = {}
     costs: list[ops.OpCost] = []
+    grad_bytes: list[float] = []  # parameter-gradient bytes each kernel finalises (for DDP overlap)
 
     def carried(n: torch.fx.Node) -> dict[int, float]:
         return source.get(n, {})
@@ -87,6 +91,8 @@ def to_data(traced: TracedStep):
             for n in inputs:
                 merged.update(carried(n))
             source[node] = merged
+            if node.meta.get("grad_bytes") and merged:  # a gradient that is a view of a kernel's output
+                grad_bytes[next(iter(merged))] += node.meta["grad_bytes"]
             continue
         cost = ops.op_cost(node, precision)
         index = len(costs)
@@ -95,6 +101,7 @@ def to_data(traced: TracedStep):
             for src in carried(n):
                 edges[(src, index)] = edges.get((src, index), 0.0) + t.numel() * t.element_size()
         source[node] = {index: cost.bytes_written}
+        grad_bytes.append(float(node.meta.get("grad_bytes", 0)))
         phase_id = PHASES.index(node.meta.get("phase", "forward"))
         phase.append(phase_id)
         x_cat.append([ops.OP_ID.get(cost.op, 0), ops.CATEGORIES.index(cost.category),
@@ -116,6 +123,7 @@ def to_data(traced: TracedStep):
         edge_attr=edge_attr,
         u=torch.tensor([graph_features(traced, summary)], dtype=torch.float32),
         phase=torch.tensor(phase, dtype=torch.long),
+        grad_bytes=torch.tensor(grad_bytes, dtype=torch.float64),
     )
     data.num_nodes = len(costs)
     return data, summary

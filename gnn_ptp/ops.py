@@ -197,9 +197,10 @@ def _attention_flops(op: str, args, kwargs) -> float:
     fwd = 2.0 * b * h * sq * sk * (d + dv)
     causal = bool(kwargs.get("is_causal", False))
     if not causal:
-        # is_causal is positional in the flash/efficient signatures
-        positional = {"flash_attention": 4, "efficient_attention": 6, "flash_attention_backward": 9,
-                      "efficient_attention_backward": 10}.get(op)
+        # is_causal is positional in the flash/efficient/cudnn signatures (index in the aten schema)
+        positional = {"flash_attention": 4, "efficient_attention": 6, "cudnn_attention": 6,
+                      "flash_attention_backward": 11, "efficient_attention_backward": 11,
+                      "cudnn_attention_backward": 14}.get(op)
         if positional is not None and len(args) > positional and isinstance(args[positional], bool):
             causal = args[positional]
     work = fwd * (2.5 if "backward" in op else 1.0)  # backward: 5 matmuls against 2
@@ -208,6 +209,12 @@ def _attention_flops(op: str, args, kwargs) -> float:
 
 def _matmul_conv_flops(target, args, kwargs, out) -> float:
     packet = getattr(target, "_overloadpacket", None)
+    if packet is torch.ops.aten.convolution_backward and len(args) >= 11 and not kwargs:
+        # torch's formula counts the weight gradient of a grouped convolution `groups` times over
+        # (depthwise: once per channel). Each gradient asked for costs what the forward conv costs.
+        grad_out, x, w, transposed, mask = args[0], args[1], args[2], args[7], args[10]
+        fwd = flop_counter.conv_flop_count(list(x.shape), list(w.shape), list(grad_out.shape), transposed)
+        return float(fwd * (bool(mask[0]) + bool(mask[1])))
     formula = flop_counter.flop_registry.get(packet)
     if formula is None:
         return 0.0

@@ -119,6 +119,15 @@ def _frozen(value):
     return value
 
 
+def _thawed(value):
+    """The inverse of ``_frozen`` for handing overrides to constructors: tuples back to lists."""
+    if isinstance(value, dict):
+        return {k: _thawed(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return [_thawed(v) for v in value]
+    return value
+
+
 def parse_overrides(items: list[str] | dict | None) -> tuple[tuple[str, Any], ...]:
     if not items:
         return ()
@@ -224,6 +233,8 @@ def family_of(spec: ModelSpec, model_type: str | None = None) -> str:
 def _hf_config(spec: ModelSpec):
     import transformers
 
+    transformers.logging.set_verbosity_error()  # config chatter ("loss_type=None ...") is not news
+
     name = spec.name
     overrides = dict(spec.overrides)
     attn = overrides.pop("attn_implementation", None)
@@ -239,19 +250,24 @@ def _hf_config(spec: ModelSpec):
         if model_type not in transformers.CONFIG_MAPPING:
             raise UserError(f"config file {name!r} has model_type {model_type!r}, which this "
                             f"transformers {transformers.__version__} does not know")
-        config = transformers.AutoConfig.for_model(model_type, **data)
     else:
         if name not in transformers.CONFIG_MAPPING:
             raise UserError(f"unknown model {spec.spec!r}: no transformers model_type {name!r}"
                             + closest(name, transformers.CONFIG_MAPPING.keys()))
-        config = transformers.AutoConfig.for_model(name)
-    known = (set(config.to_dict()) | set(getattr(config, "attribute_map", {}))
-             | {k for k in dir(type(config)) if isinstance(getattr(type(config), k, None), property)})
-    for key, value in overrides.items():
+        model_type, data = name, {}
+    default = transformers.AutoConfig.for_model(model_type, **data)
+    known = (set(default.to_dict()) | set(getattr(default, "attribute_map", {}))
+             | {k for k in dir(type(default)) if isinstance(getattr(type(default), k, None), property)})
+    for key in overrides:
         if key not in known:
-            raise UserError(f"--set {key}: {config.model_type} configs have no field {key!r}"
+            raise UserError(f"--set {key}: {default.model_type} configs have no field {key!r}"
                             + closest(key, known))
-        setattr(config, key, value)
+    # through the constructor, so that fields derived from an override follow it (Llama's head_dim
+    # from hidden_size / num_attention_heads)
+    config = transformers.AutoConfig.for_model(model_type, **{**data, **_thawed(overrides)})
+    for key, value in _thawed(overrides).items():
+        if getattr(config, key, None) != value:
+            setattr(config, key, value)
     if attn is not None:
         allowed = ("sdpa", "eager", "flash_attention_2")
         if attn not in allowed:

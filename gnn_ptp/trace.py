@@ -247,6 +247,10 @@ def _trace_cached(config: StepConfig) -> TracedStep:
             mark("backward")
             grads = torch.autograd.grad(loss, trainable, allow_unused=True)
             mark("optimizer")
+            for g in grads:  # which kernel finalises which gradient: for the all-reduce overlap model
+                node = recorder.producer.get(id(g)) if g is not None else None
+                if node is not None:
+                    node.meta["grad_bytes"] = node.meta.get("grad_bytes", 0) + g.numel() * g.element_size()
             used = [i for i, g in enumerate(grads) if g is not None]
             pick = lambda xs: [xs[i] for i in used]  # noqa: E731  (unused parameters get no update)
             grads = pick(grads)

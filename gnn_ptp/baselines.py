@@ -1,0 +1,74 @@
+"""Baselines the GNN is measured against, on the same split.
+
+- roofline: every kernel takes max(FLOPs / peak rate of its dtype, bytes / memory bandwidth), summed
+  per phase; no learning at all.
+- graph-totals ridge: a linear model in log space on the graph-level features (precision, sizes,
+  parameters, FLOPs per dtype and phase, bytes, kernel counts), fitted on the training families.
+- precision-unaware GNN: the same GNN trained on graphs traced as fp32 whatever the precision (what a
+  predictor that ignores precision sees); trained by ``gnn-ptp train --baselines``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from gnn_ptp import ops
+from gnn_ptp.hardware import Hardware
+
+TC_COLUMN = 13  # graph.py node features: tensor-core flag
+
+
+def roofline_ms(sample, hw: Hardware) -> np.ndarray:
+    """Roofline time in ms of each phase and the whole step: [forward, backward, optimizer, step]."""
+    x = sample.x.double()
+    flops = torch.exp2(x[:, 0]) - 1
+    moved = (torch.exp2(x[:, 1]) - 1) + (torch.exp2(x[:, 2]) - 1)
+    rates = torch.tensor([hw.flops_rate(ops.DTYPES[int(d)], bool(tc))
+                          for d, tc in zip(sample.x_cat[:, 2].tolist(), x[:, TC_COLUMN].tolist())],
+                         dtype=torch.float64)
+    seconds = torch.maximum(flops / rates, moved / hw.memory_bandwidth_Bps)
+    phases = torch.zeros(3, dtype=torch.float64).index_add(0, sample.phase, seconds)
+    out = (phases * 1e3).numpy()
+    return np.append(out, out.sum())
+
+
+class GraphTotalsRidge:
+    """Ridge regression from graph-level features to log ms of [forward, backward, optimizer, step]."""
+
+    def __init__(self, alphas=(1e-3, 1e-2, 1e-1, 1.0, 10.0)):
+        self.alphas = alphas
+
+    @staticmethod
+    def _features(samples) -> np.ndarray:
+        u = torch.cat([s.u for s in samples]).double().numpy()
+        return np.hstack([u, np.ones((len(samples), 1))])
+
+    def _fit(self, x, y, alpha):
+        mean, std = x[:, :-1].mean(0), x[:, :-1].std(0) + 1e-9
+        z = np.hstack([(x[:, :-1] - mean) / std, x[:, -1:]])
+        eye = np.eye(z.shape[1])
+        eye[-1, -1] = 0.0  # no penalty on the intercept
+        w = np.linalg.solve(z.T @ z + alpha * len(z) * eye, z.T @ y)
+        return mean, std, w
+
+    def fit(self, train, val) -> "GraphTotalsRidge":
+        x, y = self._features(train), torch.cat([s.y for s in train]).double().numpy()
+        best = None
+        for alpha in self.alphas:
+            params = self._fit(x, y, alpha)
+            self.params = params
+            err = np.abs(np.exp(self.predict_log(val)[:, 3]) / np.exp(torch.cat([s.y for s in val])[:, 3].numpy()) - 1).mean()
+            if best is None or err < best[0]:
+                best = (err, alpha, params)
+        self.alpha, self.params = best[1], best[2]
+        return self
+
+    def predict_log(self, samples) -> np.ndarray:
+        mean, std, w = self.params
+        x = self._features(samples)
+        z = np.hstack([(x[:, :-1] - mean) / std, x[:, -1:]])
+        return z @ w
+
+    def predict_ms(self, samples) -> np.ndarray:
+        return np.exp(self.predict_log(samples))

@@ -1,0 +1,192 @@
+"""Measured records -> graph samples for training and evaluation, with a processed-graph cache.
+
+Each measured configuration (its records averaged when it was measured more than once) becomes one
+``torch_geometric.data.Data``: the traced step's graph plus the labels
+``y`` [1, 4] = log ms of forward, backward, optimizer and whole step, and ``mem`` [1] = log peak bytes.
+Graphs are cached per dataset folder in ``.cache/`` (plain tensors, loaded with ``weights_only=True``);
+the cache file's name holds FEATURE_VERSION and the torch/transformers versions, so a change in any of
+them rebuilds it. Only configurations the cache lacks are traced.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import random
+import sys
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from gnn_ptp import graph as graph_mod
+from gnn_ptp.errors import UserError
+from gnn_ptp.records import iter_records
+from gnn_ptp.store import atomic_torch_save
+
+PHASE_KEYS = ("forward_ms", "backward_ms", "optimizer_ms", "step_ms")
+_DATA_FIELDS = ("x", "x_cat", "edge_index", "edge_attr", "u", "phase", "grad_bytes")
+
+
+@dataclass
+class Measured:
+    """One configuration and its labels (medians averaged over repeated measurements)."""
+
+    key: str
+    config: dict
+    family: str
+    hardware: str
+    ms: dict[str, float]
+    peak_bytes: float | None
+    n_records: int
+
+
+def measured_configs(data_dir: str | Path, world_size: int = 1) -> list[Measured]:
+    """The ok, single-process (or ``world_size``) configurations of a dataset folder."""
+    groups: dict[str, list[dict]] = defaultdict(list)
+    for r in iter_records(data_dir):
+        if r.get("status") != "ok" or (r.get("ddp") or {}).get("world_size", 1) != world_size:
+            continue
+        groups[r["key"]].append(r)
+    out = []
+    for key, rs in sorted(groups.items()):
+        ms = {k: sum(r["timing"][k]["median"] for r in rs) / len(rs) for k in PHASE_KEYS}
+        peaks = [r["memory"]["peak_bytes"] for r in rs if (r.get("memory") or {}).get("peak_bytes")]
+        out.append(Measured(key, rs[0]["config"], rs[0].get("family") or "?", rs[0]["env"]["hardware"], ms,
+                            sum(peaks) / len(peaks) if peaks else None, len(rs)))
+    if not out:
+        raise UserError(f"no usable records (status ok, world size {world_size}) in {data_dir}")
+    hardware = {m.hardware for m in out}
+    if len(hardware) > 1:
+        raise UserError(f"{data_dir} mixes hardware {sorted(hardware)}; keep one folder per hardware")
+    return out
+
+
+def trace_target(hardware: str) -> str:
+    return "cpu" if hardware == "cpu" else "cuda"
+
+
+def step_config_of(config: dict, target: str, precision_aware: bool = True):
+    from gnn_ptp.spec import ModelSpec, Shape
+    from gnn_ptp.trace import StepConfig
+
+    precision = config["precision"] if precision_aware else "fp32"
+    return StepConfig(ModelSpec.from_dict(config),
+                      Shape(config["batch_size"], config.get("seq_len"), config.get("image_size")),
+                      precision, config.get("optimizer", "adamw"), target)
+
+
+def graph_tensors(config: dict, target: str, precision_aware: bool = True) -> dict[str, torch.Tensor]:
+    from gnn_ptp.trace import trace_step
+
+    data, _ = graph_mod.to_data(trace_step(step_config_of(config, target, precision_aware)))
+    return {k: data[k] for k in _DATA_FIELDS}
+
+
+def _cache_path(data_dir: Path, target: str, precision_aware: bool) -> Path:
+    import transformers
+
+    versions = f"f{graph_mod.FEATURE_VERSION}-torch{torch.__version__.split('+')[0]}-tf{transformers.__version__}"
+    return data_dir / ".cache" / f"graphs-{target}-{'aware' if precision_aware else 'unaware'}-{versions}.pt"
+
+
+def load_graphs(data_dir: str | Path, measured: list[Measured], precision_aware: bool = True,
+                log=None) -> dict[str, dict[str, torch.Tensor]]:
+    """Graph tensors for every measured configuration, from the cache or traced now (then cached)."""
+    data_dir = Path(data_dir)
+    target = trace_target(measured[0].hardware)
+    path = _cache_path(data_dir, target, precision_aware)
+    cache: dict = torch.load(path, weights_only=True) if path.exists() else {}
+    cache = {k: v for k, v in cache.items() if all(f in v for f in _DATA_FIELDS)}  # stale entries go
+    missing = [m for m in measured if m.key not in cache]
+    log = log or (lambda msg: print(msg, file=sys.stderr))
+    if missing:
+        log(f"tracing {len(missing)} graphs ({len(cache)} cached) for {data_dir} ...")
+    start, failed = time.perf_counter(), 0
+    jobs = [(m.config, target, precision_aware) for m in missing]
+    for i, (m, result) in enumerate(zip(missing, _map(_graph_or_error, jobs)), 1):
+        if isinstance(result, str):  # a config that measured fine but will not trace: skip, say so
+            failed += 1
+            log(f"  skipped {m.config['spec']} ({m.config['precision']}): {result}"[:300])
+        else:
+            cache[m.key] = result
+        if i % 50 == 0 or i == len(missing):
+            atomic_torch_save(cache, path)
+            log(f"  {i}/{len(missing)} traced ({time.perf_counter() - start:.0f} s)")
+    if failed:
+        log(f"{failed} configurations could not be traced and are left out")
+    return cache
+
+
+def _graph_or_error(job) -> dict | str:
+    try:
+        return graph_tensors(*job)
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+
+
+def _map(fn, jobs: list):
+    """``map`` over forked workers, one per core (results in order, as they come)."""
+    import os
+
+    workers = min(len(jobs), os.cpu_count() or 1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
+    if workers <= 1 or sys.platform != "linux":
+        yield from map(fn, jobs)
+        return
+    import multiprocessing
+
+    with multiprocessing.get_context("fork").Pool(workers, maxtasksperchild=50) as pool:
+        yield from pool.imap(fn, jobs, chunksize=1)
+
+
+def make_samples(measured: list[Measured], graphs: dict[str, dict]) -> list:
+    """PyG ``Data`` samples with labels; configurations without a graph are left out."""
+    from torch_geometric.data import Data
+
+    samples = []
+    for m in measured:
+        g = graphs.get(m.key)
+        if g is None:
+            continue
+        d = Data(**g)
+        d.num_nodes = g["x"].shape[0]
+        d.y = torch.tensor([[math.log(max(m.ms[k], 1e-6)) for k in PHASE_KEYS]], dtype=torch.float32)
+        d.mem = torch.tensor([math.log(m.peak_bytes) if m.peak_bytes else float("nan")], dtype=torch.float32)
+        d.key, d.family, d.precision = m.key, m.family, m.config["precision"]
+        samples.append(d)
+    return samples
+
+
+def data_hash(measured: list[Measured]) -> str:
+    h = hashlib.sha256()
+    for m in sorted(measured, key=lambda m: m.key):
+        h.update(json.dumps([m.key, m.ms, m.peak_bytes], sort_keys=True).encode())
+    return h.hexdigest()[:16]
+
+
+def family_split(families: list[str], seed: int, test_families=None, val_families=None,
+                 test_fraction: float = 0.2, val_fraction: float = 0.15) -> dict[str, str]:
+    """Assign whole families to train / val / test, reproducibly from the seed (or as named)."""
+    families = sorted(set(families))
+    for name, chosen in (("test", test_families), ("val", val_families)):
+        unknown = sorted(set(chosen or ()) - set(families))
+        if unknown:
+            raise UserError(f"{name} families {unknown} are not in the data; families: {', '.join(families)}")
+    rest = [f for f in families if f not in set(test_families or ()) | set(val_families or ())]
+    random.Random(seed).shuffle(rest)
+    if test_families is None:
+        n = max(1, round(test_fraction * len(families)))
+        test_families, rest = rest[:n], rest[n:]
+    if val_families is None:
+        n = max(1, round(val_fraction * len(families)))
+        val_families, rest = rest[:n], rest[n:]
+    if not rest:
+        raise UserError(f"no family left to train on after holding out test {test_families} and "
+                        f"val {val_families}")
+    split = {f: "train" for f in rest}
+    split.update({f: "val" for f in val_families})
+    split.update({f: "test" for f in test_families})
+    return split

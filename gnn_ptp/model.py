@@ -1,0 +1,155 @@
+"""The GNN: per-node kernel times that add up to per-phase step times, plus the step's peak memory.
+
+Each node (one GPU kernel) gets an embedding of its op, category, dtype and phase plus its numeric
+features; message passing (GINE, GATv2 or a graph-transformer layer) lets a node see its neighbours
+(what feeds it, what it feeds); the graph-level features (precision class, sizes, totals) are added to
+every node. With ``readout="node_sum"`` a head gives each node a log-time and the forward, backward and
+optimizer times are the (log-)sums over their nodes: a prediction that explains itself op by op.
+``readout="pool"`` predicts the three phase times from pooled embeddings instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from gnn_ptp import ops
+from gnn_ptp.errors import UserError
+from gnn_ptp.graph import GRAPH_FEATURES, NODE_FEATURES
+
+LAYERS = ("gine", "gatv2", "transformer")
+NORMS = ("layer", "batch", "graph", "none")
+READOUTS = ("node_sum", "pool")
+N_PHASES = 3
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    layer: str = "gine"
+    """Message-passing layer: gine, gatv2 or transformer."""
+    hidden: int = 128
+    """Width of node embeddings."""
+    depth: int = 4
+    """Number of message-passing layers."""
+    norm: str = "layer"
+    """Normalisation after each layer: layer, batch, graph or none."""
+    readout: str = "node_sum"
+    """node_sum (per-node times summed per phase) or pool (pooled embedding -> phase times)."""
+    dropout: float = 0.0
+    heads: int = 4
+    """Attention heads (gatv2, transformer)."""
+    precision_aware: bool = True
+    """False builds the precision-unaware baseline: graphs traced as fp32, whatever the precision."""
+
+    def __post_init__(self):
+        for name, allowed in (("layer", LAYERS), ("norm", NORMS), ("readout", READOUTS)):
+            if getattr(self, name) not in allowed:
+                raise UserError(f"model {name} {getattr(self, name)!r} is not one of {', '.join(allowed)}")
+        if self.hidden < 8 or self.depth < 0 or not 0 <= self.dropout < 1:
+            raise UserError(f"model config out of range: hidden {self.hidden} (>= 8), depth {self.depth} "
+                            f"(>= 0), dropout {self.dropout} (in [0, 1))")
+        if self.layer in ("gatv2", "transformer") and self.hidden % self.heads:
+            raise UserError(f"hidden {self.hidden} must be divisible by heads {self.heads}")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _norm(kind: str, dim: int) -> nn.Module:
+    from torch_geometric.nn import GraphNorm
+
+    return {"layer": lambda: nn.LayerNorm(dim), "batch": lambda: nn.BatchNorm1d(dim),
+            "graph": lambda: GraphNorm(dim), "none": nn.Identity}[kind]()
+
+
+def _conv(cfg: ModelConfig) -> nn.Module:
+    from torch_geometric.nn import GATv2Conv, GINEConv, TransformerConv
+
+    h = cfg.hidden
+    if cfg.layer == "gine":
+        return GINEConv(nn.Sequential(nn.Linear(h, h), nn.GELU(), nn.Linear(h, h)), edge_dim=h)
+    if cfg.layer == "gatv2":
+        return GATv2Conv(h, h // cfg.heads, heads=cfg.heads, edge_dim=h, add_self_loops=False)
+    return TransformerConv(h, h // cfg.heads, heads=cfg.heads, edge_dim=h, root_weight=True)
+
+
+def scatter_logsumexp(values: torch.Tensor, index: torch.Tensor, size: int) -> torch.Tensor:
+    """log(sum(exp(values))) per group of ``index`` (groups with no member give -inf)."""
+    neg_inf = torch.full((size,), -math.inf, dtype=values.dtype, device=values.device)
+    top = neg_inf.scatter_reduce(0, index, values, reduce="amax", include_self=True)
+    safe_top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+    sums = torch.zeros(size, dtype=values.dtype, device=values.device).index_add(
+        0, index, torch.exp(values - safe_top[index]))
+    return torch.log(sums) + safe_top
+
+
+class StepTimeGNN(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        h = cfg.hidden
+        self.op_embed = nn.Embedding(len(ops.VOCAB), 32)
+        self.cat_embed = nn.Embedding(len(ops.CATEGORIES), 8)
+        self.dtype_embed = nn.Embedding(len(ops.DTYPES), 8)
+        self.phase_embed = nn.Embedding(N_PHASES, 4)
+        self.node_in = nn.Sequential(nn.Linear(32 + 8 + 8 + 4 + NODE_FEATURES, h), nn.GELU(), nn.Linear(h, h))
+        self.edge_in = nn.Linear(1, h)
+        self.graph_in = nn.Sequential(nn.Linear(GRAPH_FEATURES, h), nn.GELU(), nn.Linear(h, h))
+        self.convs = nn.ModuleList(_conv(cfg) for _ in range(cfg.depth))
+        self.norms = nn.ModuleList(_norm(cfg.norm, h) for _ in range(cfg.depth))
+        self.drop = nn.Dropout(cfg.dropout)
+        self.node_time = nn.Sequential(nn.Linear(2 * h, h), nn.GELU(), nn.Linear(h, 1))
+        self.pool_time = nn.Sequential(nn.Linear(3 * h, h), nn.GELU(), nn.Linear(h, N_PHASES))
+        self.memory = nn.Sequential(nn.Linear(3 * h, h), nn.GELU(), nn.Linear(h, 1))
+        self.register_buffer("time_offset", torch.zeros(()))
+        self.register_buffer("memory_offset", torch.zeros(()))
+
+    def set_offsets(self, log_time: float, log_nodes: float, log_memory: float) -> None:
+        """Start predictions near the data: per-node log-times sum to the mean phase time."""
+        self.time_offset.fill_(log_time - (log_nodes if self.cfg.readout == "node_sum" else 0.0))
+        self.memory_offset.fill_(log_memory)
+
+    def embed(self, data) -> tuple[torch.Tensor, torch.Tensor]:
+        from torch_geometric.nn import GraphNorm
+
+        x_cat, batch = data.x_cat, data.batch
+        h = self.node_in(torch.cat([self.op_embed(x_cat[:, 0]), self.cat_embed(x_cat[:, 1]),
+                                    self.dtype_embed(x_cat[:, 2]), self.phase_embed(x_cat[:, 3]),
+                                    data.x], dim=-1))
+        g = self.graph_in(data.u)
+        h = h + g[batch]
+        e = self.edge_in(data.edge_attr)
+        for conv, norm in zip(self.convs, self.norms):
+            out = conv(h, data.edge_index, e)
+            out = norm(out, batch) if isinstance(norm, GraphNorm) else norm(out)
+            h = h + self.drop(torch.nn.functional.gelu(out))
+        return h, g
+
+    def forward(self, data) -> dict[str, torch.Tensor]:
+        """Returns ``log_phase_ms`` [G, 3] (forward, backward, optimizer), ``log_memory`` [G] and, for
+        node_sum, ``log_node_ms`` [N]."""
+        from torch_geometric.nn import global_max_pool, global_mean_pool
+
+        h, g = self.embed(data)
+        n_graphs = g.shape[0]
+        pooled = torch.cat([global_mean_pool(h, data.batch, n_graphs), global_max_pool(h, data.batch, n_graphs),
+                            g], dim=-1)
+        out = {"log_memory": self.memory(pooled).squeeze(-1) + self.memory_offset}
+        if self.cfg.readout == "node_sum":
+            log_node = self.node_time(torch.cat([h, g[data.batch]], dim=-1)).squeeze(-1) + self.time_offset
+            group = data.batch * N_PHASES + data.phase
+            phase = scatter_logsumexp(log_node, group, n_graphs * N_PHASES).view(n_graphs, N_PHASES)
+            out["log_node_ms"] = log_node
+        else:
+            phase = self.pool_time(pooled) + self.time_offset
+        out["log_phase_ms"] = phase
+        return out
+
+
+def log_total(log_phase_ms: torch.Tensor) -> torch.Tensor:
+    """log(forward + backward + optimizer) from per-phase log times; empty phases (-inf) add nothing."""
+    return torch.logsumexp(log_phase_ms, dim=-1)

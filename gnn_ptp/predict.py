@@ -1,0 +1,334 @@
+"""The Python API: ``gnn_ptp.predict(spec, precision=..., batch_size=..., gpus=...)`` -> ``Prediction``.
+
+Schedulers and notebooks call this directly; ``gnn-ptp predict`` is a thin layer over it. A traced
+graph is cached in memory and on disk (``~/.cache/gnn-ptp``, keyed by the step config, FEATURE_VERSION
+and library versions), so asking again, or for another GPU count, does not trace again; tf32 and
+torch-default reuse the fp32 trace; several precisions are traced in parallel processes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from gnn_ptp import graph as graph_mod
+from gnn_ptp import ops
+from gnn_ptp.errors import UserError
+from gnn_ptp.precision import PRECISION_NAMES, get_precision
+from gnn_ptp.spec import Shape, parse_spec
+from gnn_ptp.trace import StepConfig
+
+_DATA_FIELDS = ("x", "x_cat", "edge_index", "edge_attr", "u", "phase", "grad_bytes")
+
+
+@dataclass
+class Prediction:
+    """One predicted training step (and, when asked, the whole job). Times in milliseconds."""
+
+    spec: str
+    precision: str
+    batch_size: int
+    """Samples per step per GPU."""
+    seq_len: int | None
+    image_size: int | None
+    optimizer: str
+    gpus: int
+    hardware: str
+    forward_ms: float
+    backward_ms: float
+    optimizer_ms: float
+    compute_ms: float
+    """forward + backward + optimizer on one GPU."""
+    comm_exposed_ms: float
+    """All-reduce time not hidden behind the backward pass (0 until the all-reduce head lands)."""
+    iteration_ms: float
+    """compute_ms + comm_exposed_ms: one step of the whole data-parallel job."""
+    peak_memory_bytes: float | None = None
+    fits_in_memory: bool | None = None
+    params: int = 0
+    flops: float = 0.0
+    steps: int | None = None
+    total_s: float | None = None
+    gpu_hours: float | None = None
+    cost: float | None = None
+    overrides: dict = field(default_factory=dict)
+    checkpoint: str = ""
+    top_ops: list[dict] = field(default_factory=list)
+    """Where the time goes: the ops with the largest summed predicted time."""
+    warnings: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+# --- checkpoints -----------------------------------------------------------------------------------
+
+
+def default_checkpoint(hardware: str) -> Path:
+    """``$GNN_PTP_CHECKPOINTS/<hw>``, else ``checkpoints/<hw>`` beside the package, else in the cwd."""
+    candidates = []
+    if os.environ.get("GNN_PTP_CHECKPOINTS"):
+        candidates.append(Path(os.environ["GNN_PTP_CHECKPOINTS"]) / hardware)
+    candidates += [Path(__file__).resolve().parent.parent / "checkpoints" / hardware,
+                   Path.cwd() / "checkpoints" / hardware]
+    for path in candidates:
+        if (path / "meta.json").is_file():
+            return path
+    shipped = sorted(p.parent.name for c in candidates[-2:] for p in c.parent.glob("*/meta.json"))
+    raise UserError(f"no {hardware} checkpoint is shipped yet (looked in {candidates[-2].parent}); "
+                    f"shipped: {', '.join(sorted(set(shipped))) or 'none'} -- use --hardware with one of "
+                    f"them or --checkpoint PATH")
+
+
+_MODELS: dict[str, tuple] = {}
+
+
+def _load_checkpoint(path: Path):
+    from gnn_ptp import checkpoint
+
+    key = str(path.resolve())
+    if key not in _MODELS:
+        _MODELS[key] = checkpoint.load(path)
+    return _MODELS[key]
+
+
+# --- graphs, cached --------------------------------------------------------------------------------
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("GNN_PTP_CACHE", Path.home() / ".cache" / "gnn-ptp")) / "graphs"
+
+
+def _graph_key(config: StepConfig) -> str:
+    import transformers
+
+    payload = {"spec": config.spec.to_dict(), "shape": dataclasses.asdict(config.shape),
+               "precision": config.precision, "optimizer": config.optimizer, "target": config.target,
+               "feature_version": graph_mod.FEATURE_VERSION, "torch": torch.__version__,
+               "transformers": transformers.__version__}
+    return hashlib.sha1(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:20]
+
+
+def _build_graph(config: StepConfig) -> tuple[dict, dict]:
+    from gnn_ptp.trace import trace_step
+
+    traced = trace_step(config)
+    data, summary = graph_mod.to_data(traced)
+    info = {"summary": dataclasses.asdict(summary), "family": traced.family, "param_count": traced.param_count,
+            "shape": dataclasses.asdict(traced.shape)}
+    return {k: data[k] for k in _DATA_FIELDS}, info
+
+
+def _graphs(configs: list[StepConfig], use_disk_cache: bool = True) -> list[tuple[dict, dict]]:
+    """Graph tensors + summary for each config: memory, then disk cache, then traced (in parallel)."""
+    from gnn_ptp.store import atomic_torch_save
+
+    results: dict[int, tuple] = {}
+    todo = []
+    for i, config in enumerate(configs):
+        path = _cache_dir() / f"{_graph_key(config)}.pt"
+        if use_disk_cache and path.is_file():
+            try:
+                cached = torch.load(path, weights_only=True)
+                results[i] = (cached["tensors"], json.loads(cached["info"]))
+                continue
+            except Exception:  # an unreadable cache entry is rebuilt, never trusted
+                pass
+        todo.append(i)
+    # tf32 / torch-default share the fp32 trace: each group is traced once, converted per precision
+    groups: dict[StepConfig, list[int]] = {}
+    for i in todo:
+        base = dataclasses.replace(configs[i], precision={"tf32": "fp32", "torch-default": "fp32"}.get(
+            configs[i].precision, configs[i].precision))
+        groups.setdefault(base, []).append(i)
+    built = _trace_groups([[configs[i] for i in idx] for idx in groups.values()])
+    for idx, group_results in zip(groups.values(), built):
+        for i, result in zip(idx, group_results):
+            results[i] = result
+            if use_disk_cache:
+                try:
+                    atomic_torch_save({"tensors": result[0], "info": json.dumps(result[1])},
+                                      _cache_dir() / f"{_graph_key(configs[i])}.pt")
+                except OSError:
+                    pass  # a read-only home is no reason to fail a prediction
+    return [results[i] for i in range(len(configs))]
+
+
+def _build_group(configs: list[StepConfig]) -> list[tuple[dict, dict]]:
+    return [_build_graph(c) for c in configs]
+
+
+def _trace_groups(groups: list[list[StepConfig]]) -> list[list[tuple[dict, dict]]]:
+    workers = min(len(groups), os.cpu_count() or 1)
+    if workers <= 1 or sys.platform != "linux":
+        return [_build_group(g) for g in groups]
+    import multiprocessing
+
+    # fork after the imports: each child traces its precision classes without paying for them again
+    with multiprocessing.get_context("fork").Pool(workers) as pool:
+        return pool.map(_build_group, groups, chunksize=1)
+
+
+# --- prediction ------------------------------------------------------------------------------------
+
+
+def _ood_warnings(u: torch.Tensor, data, meta: dict) -> list[str]:
+    notes = []
+    ranges = meta.get("train_ranges") or {}
+    if "u_max" in ranges:
+        names = graph_mod.GRAPH_FEATURE_NAMES
+        for i, name in enumerate(names):
+            if not name.startswith("log_"):
+                continue
+            value, lo, hi = float(u[0, i]), ranges["u_min"][i], ranges["u_max"][i]
+            if value > hi + 1.0 or (value < lo - 1.0 and value > 0):  # log2 units: beyond 2x the range
+                notes.append(f"{name[4:]} is {2 ** value:.3g}, outside the training range "
+                             f"[{2 ** lo:.3g}, {2 ** hi:.3g}]: extrapolating")
+    seen = set(ranges.get("op_ids", []))
+    unseen = sorted({ops.VOCAB[i] if i else "<unseen>" for i in data["x_cat"][:, 0].tolist()} -
+                    {ops.VOCAB[i] for i in seen})
+    if unseen:
+        notes.append(f"ops the checkpoint never saw in training: {', '.join(unseen)}")
+    return notes
+
+
+def _top_ops(log_node_ms: torch.Tensor, data, k: int = 5) -> list[dict]:
+    per_op: dict[str, float] = {}
+    for op_id, ms in zip(data["x_cat"][:, 0].tolist(), log_node_ms.exp().tolist()):
+        per_op[ops.VOCAB[op_id]] = per_op.get(ops.VOCAB[op_id], 0.0) + ms
+    return [{"op": op, "ms": ms} for op, ms in sorted(per_op.items(), key=lambda kv: -kv[1])[:k]]
+
+
+def predict_many(spec: str, precisions: list[str], batch_size: int, seq_len: int | None = None,
+                 image_size: int | None = None, gpus: int = 1, hardware: str = "h100",
+                 checkpoint: str | Path | None = None, optimizer: str = "adamw", overrides=None,
+                 task: str | None = None, steps: int | None = None, epochs: float | None = None,
+                 dataset_size: int | None = None, gpu_hour_cost: float | None = None,
+                 use_disk_cache: bool = True) -> list[Prediction]:
+    """One ``Prediction`` per precision class, all from one checkpoint and one model spec."""
+    from torch_geometric.data import Batch, Data
+
+    if gpus < 1:
+        raise UserError(f"--gpus must be at least 1, got {gpus}")
+    if epochs is not None and not dataset_size:
+        raise UserError("--epochs needs --dataset-size (samples per epoch)")
+    if steps is not None and epochs is not None:
+        raise UserError("give --steps or --epochs, not both")
+    for p in precisions:
+        get_precision(p)
+    ckpt_path = Path(checkpoint) if checkpoint else default_checkpoint(hardware)
+    model, meta = _load_checkpoint(ckpt_path)
+    hw_name = meta["hardware"]
+    parsed = parse_spec(spec, overrides, task)
+    shape = Shape(batch_size, seq_len, image_size)
+    configs = [StepConfig(parsed, shape, p, optimizer, meta.get("trace_target", "cuda")) for p in precisions]
+    graphs = _graphs(configs, use_disk_cache)
+    datas = []
+    for tensors, _ in graphs:
+        d = Data(**tensors)
+        d.num_nodes = tensors["x"].shape[0]
+        datas.append(d)
+    with torch.no_grad():
+        out = model(Batch.from_data_list(datas))
+    from gnn_ptp.hardware import HARDWARE
+
+    total_steps = steps
+    if epochs is not None:
+        total_steps = math.ceil(epochs * dataset_size / (batch_size * gpus))
+    results = []
+    for i, (p, (tensors, info)) in enumerate(zip(precisions, graphs)):
+        fwd, bwd, opt = out["log_phase_ms"][i].exp().tolist()
+        compute = fwd + bwd + opt
+        comm = 0.0
+        notes = _ood_warnings(tensors["u"], tensors, meta)
+        if gpus > 1:
+            notes.append(f"{gpus} GPUs: the all-reduce head has not landed, so comm_exposed_ms is 0 and "
+                         "the iteration time is the compute time of one GPU")
+        mem = float(out["log_memory"][i].exp())
+        capacity = HARDWARE[hw_name].memory_bytes if hw_name in HARDWARE else None
+        fits = None if capacity is None else mem <= capacity
+        if fits is False:
+            notes.append(f"predicted peak memory {mem / 1e9:.1f} GB exceeds the {capacity / 1e9:.0f} GB of "
+                         f"one {hw_name}: this configuration will likely run out of memory")
+        iteration = compute + comm
+        pred = Prediction(
+            spec=spec, precision=p, batch_size=batch_size, seq_len=info["shape"]["seq_len"],
+            image_size=info["shape"]["image_size"], optimizer=optimizer, gpus=gpus, hardware=hw_name,
+            forward_ms=fwd, backward_ms=bwd, optimizer_ms=opt, compute_ms=compute, comm_exposed_ms=comm,
+            iteration_ms=iteration, peak_memory_bytes=mem, fits_in_memory=fits,
+            params=info["param_count"], flops=sum(info["summary"]["flops_by_phase"].values()),
+            overrides=dict(parsed.overrides), checkpoint=str(ckpt_path), warnings=notes)
+        if "log_node_ms" in out:
+            offset = int(sum(d.num_nodes for d in datas[:i]))
+            pred.top_ops = _top_ops(out["log_node_ms"][offset:offset + datas[i].num_nodes], tensors)
+        if total_steps is not None:
+            pred.steps = total_steps
+            pred.total_s = iteration * total_steps / 1e3
+            pred.gpu_hours = pred.total_s / 3600 * gpus
+            if gpu_hour_cost is not None:
+                pred.cost = pred.gpu_hours * gpu_hour_cost
+        results.append(pred)
+    return results
+
+
+def predict(spec: str, precision: str = "amp-bf16", batch_size: int = 8, **kwargs) -> Prediction | list[Prediction]:
+    """Predict one training step of ``spec`` (see ``predict_many`` for the keyword arguments).
+
+    ``precision="all"`` returns a list with one ``Prediction`` per precision class."""
+    if precision == "all":
+        return predict_many(spec, list(PRECISION_NAMES), batch_size, **kwargs)
+    return predict_many(spec, [precision], batch_size, **kwargs)[0]
+
+
+def format_predictions(preds: list[Prediction]) -> str:
+    first = preds[0]
+    dims = f"batch {first.batch_size}" + (f" x seq {first.seq_len}" if first.seq_len else "") + (
+        f" x {first.image_size}px" if first.image_size else "")
+    lines = [f"{first.spec} on {first.gpus}x {first.hardware}, {dims} per GPU, {first.optimizer} "
+             f"(checkpoint {first.checkpoint})", ""]
+    head = f"{'precision':<15}{'forward':>10}{'backward':>10}{'optimizer':>10}{'compute':>10}{'comm':>8}" \
+           f"{'iteration':>11}{'peak mem':>10}"
+    lines.append(head + ("" if first.total_s is None else f"{'job':>12}") + (
+        "" if first.cost is None else f"{'cost':>10}"))
+    fastest = min(preds, key=lambda p: p.iteration_ms)
+    for p in preds:
+        mem = f"{p.peak_memory_bytes / 1e9:.1f} GB" if p.peak_memory_bytes else "-"
+        row = (f"{p.precision:<15}{p.forward_ms:>8.1f}ms{p.backward_ms:>8.1f}ms{p.optimizer_ms:>8.1f}ms"
+               f"{p.compute_ms:>8.1f}ms{p.comm_exposed_ms:>6.1f}ms{p.iteration_ms:>9.1f}ms{mem:>10}")
+        if p.total_s is not None:
+            row += f"{_duration(p.total_s):>12}"
+        if p.cost is not None:
+            row += f"{p.cost:>10.2f}"
+        if len(preds) > 1 and p is fastest:
+            row += "  <- fastest"
+        lines.append(row)
+    if len(preds) > 1:
+        slowest = max(preds, key=lambda p: p.iteration_ms)
+        lines.append(f"\nfastest: {fastest.precision}, {slowest.iteration_ms / fastest.iteration_ms:.2f}x "
+                     f"faster than {slowest.precision}")
+    if first.total_s is not None:
+        lines.append(f"job: {first.steps} steps on {first.gpus} GPU(s)")
+    if first.top_ops:
+        top = ", ".join(f"{t['op']} {t['ms']:.1f} ms" for t in fastest.top_ops)
+        lines.append(f"where the time goes ({fastest.precision}): {top}")
+    notes = sorted({w for p in preds for w in p.warnings})
+    lines += [f"warning: {w}" for w in notes]
+    return "\n".join(lines)
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    if seconds < 3 * 86400:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} d"

@@ -1,0 +1,255 @@
+"""``gnn-ptp train``: fit the GNN on a dataset folder, holding whole model families out.
+
+Targets are log milliseconds of the forward, backward and optimizer phases (and their sum, the step),
+and log peak bytes where measured. The loss is a Huber loss in log space, i.e. on relative error.
+Splits are by family, seeded; training stops early when the validation families stop improving, and
+the best epoch's weights are kept. Every epoch prints one line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+import time
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from gnn_ptp import checkpoint, dataset, metrics
+from gnn_ptp.errors import UserError, closest
+from gnn_ptp.model import ModelConfig, StepTimeGNN, log_total
+
+HUBER_DELTA = 0.1  # in log space: relative errors above ~10% are penalised linearly
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    lr: float = 2e-3
+    """AdamW learning rate."""
+    weight_decay: float = 1e-4
+    batch_size: int = 16
+    """Graphs per training batch."""
+    epochs: int = 300
+    patience: int = 40
+    """Stop after this many epochs without a better validation MAPE."""
+    seed: int = 0
+    test_families: tuple[str, ...] | None = None
+    """Families held out for evaluation; None draws test_fraction of them with the seed."""
+    val_families: tuple[str, ...] | None = None
+    """Families for early stopping; None draws val_fraction of them with the seed."""
+    test_fraction: float = 0.2
+    val_fraction: float = 0.15
+    memory_weight: float = 0.5
+    """Weight of the peak-memory loss next to the time loss."""
+    threads: int | None = None
+    """torch CPU threads for training (None: torch's default)."""
+
+    def __post_init__(self):
+        checks = {"lr": self.lr > 0, "batch_size": self.batch_size >= 1, "epochs": self.epochs >= 1,
+                  "patience": self.patience >= 1, "weight_decay": self.weight_decay >= 0,
+                  "test_fraction": 0 <= self.test_fraction < 1, "val_fraction": 0 <= self.val_fraction < 1}
+        for name, ok in checks.items():
+            if not ok:
+                raise UserError(f"training config: {name} = {getattr(self, name)!r} is out of range")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TrainConfig":
+        d = dict(d)
+        model = ModelConfig(**_checked(d.pop("model", {}) or {}, ModelConfig, "[model]"))
+        d = _checked(d, cls, "training config")
+        for key in ("test_families", "val_families"):
+            if d.get(key) is not None:
+                d[key] = tuple(d[key])
+        return cls(model=model, **d)
+
+
+def _checked(d: dict, cls, where: str) -> dict:
+    names = {f.name for f in dataclasses.fields(cls)} - {"model"}
+    for key in d:
+        if key not in names:
+            raise UserError(f"{where}: unknown key {key!r}; allowed: {', '.join(sorted(names))}"
+                            + closest(key, names))
+    return d
+
+
+def load_train_config(path: str | Path | None) -> TrainConfig:
+    if path is None:
+        return TrainConfig()
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"training config {str(path)!r} does not exist")
+    try:
+        return TrainConfig.from_dict(tomllib.loads(path.read_text()))
+    except tomllib.TOMLDecodeError as e:
+        raise UserError(f"training config {path}: {e}") from None
+    except TypeError as e:
+        raise UserError(f"training config {path}: {e}") from None
+
+
+def seed_everything(seed: int) -> None:
+    import random
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+@torch.no_grad()
+def predict_samples(model: StepTimeGNN, samples: list, batch_size: int = 32) -> dict[str, np.ndarray]:
+    """Predicted and measured ms per phase and in total, and predicted log memory, in sample order."""
+    from torch_geometric.loader import DataLoader
+
+    model.eval()
+    pred, true, mem = [], [], []
+    for batch in DataLoader(samples, batch_size=batch_size, shuffle=False):
+        out = model(batch)
+        lp = out["log_phase_ms"]
+        pred.append(torch.cat([lp, log_total(lp)[:, None]], dim=1).exp())
+        true.append(batch.y.exp())
+        mem.append(out["log_memory"])
+    return {"pred_ms": torch.cat(pred).numpy(), "true_ms": torch.cat(true).numpy(),
+            "pred_log_memory": torch.cat(mem).numpy()}
+
+
+def _loss(model: StepTimeGNN, batch, memory_weight: float) -> torch.Tensor:
+    out = model(batch)
+    lp = out["log_phase_ms"]
+    huber = torch.nn.functional.huber_loss
+    loss = huber(lp, batch.y[:, :3], delta=HUBER_DELTA) + huber(log_total(lp), batch.y[:, 3], delta=HUBER_DELTA)
+    known = ~torch.isnan(batch.mem)
+    if memory_weight and known.any():
+        loss = loss + memory_weight * huber(out["log_memory"][known], batch.mem[known], delta=HUBER_DELTA)
+    return loss
+
+
+def _step_mape(model, samples) -> float:
+    p = predict_samples(model, samples)
+    return float(metrics.ape(p["pred_ms"][:, 3], p["true_ms"][:, 3]).mean())
+
+
+def train_ranges(samples: list) -> dict:
+    """What the training graphs looked like: graph-feature ranges and the ops seen (for OOD checks)."""
+    u = torch.cat([s.u for s in samples])
+    ops_seen = torch.unique(torch.cat([s.x_cat[:, 0] for s in samples])).tolist()
+    nodes = [s.num_nodes for s in samples]
+    return {"u_min": u.min(0).values.tolist(), "u_max": u.max(0).values.tolist(), "op_ids": ops_seen,
+            "nodes_min": min(nodes), "nodes_max": max(nodes)}
+
+
+def prepare(data_dir, cfg: TrainConfig, log):
+    measured = dataset.measured_configs(data_dir)
+    graphs = dataset.load_graphs(data_dir, measured, cfg.model.precision_aware, log=log)
+    samples = dataset.make_samples(measured, graphs)
+    split = dataset.family_split([s.family for s in samples], cfg.seed, cfg.test_families, cfg.val_families,
+                                 cfg.test_fraction, cfg.val_fraction)
+    parts = {name: [s for s in samples if split[s.family] == name] for name in ("train", "val", "test")}
+    return measured, samples, split, parts
+
+
+def train(cfg: TrainConfig, data_dir: str | Path, out: str | Path | None, logger=None, log=None,
+          on_epoch=None) -> dict:
+    """Train; save a checkpoint to ``out`` (if given). ``on_epoch(epoch, val_mape)`` may raise to stop
+    (Optuna pruning). Returns the run's summary (metrics, split, paths)."""
+    from torch_geometric.loader import DataLoader
+
+    log = log or (lambda msg: print(msg, file=sys.stderr))
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    seed_everything(cfg.seed)
+    measured, samples, split, parts = prepare(data_dir, cfg, log)
+    if not parts["train"] or not parts["val"]:
+        raise UserError(f"need train and validation families; split: {split}")
+    hardware = measured[0].hardware
+    log(f"{len(samples)} graphs: {len(parts['train'])} train, {len(parts['val'])} val, "
+        f"{len(parts['test'])} test; held out: test {sorted(f for f, s in split.items() if s == 'test')}, "
+        f"val {sorted(f for f, s in split.items() if s == 'val')}")
+
+    seed_everything(cfg.seed)
+    model = StepTimeGNN(cfg.model)
+    train_y = torch.cat([s.y for s in parts["train"]])
+    log_nodes = float(np.mean([math.log(max(1, int((s.phase == p).sum()))) for s in parts["train"]
+                               for p in range(3)]))
+    mems = torch.cat([s.mem for s in parts["train"]])
+    mem_mean = float(mems[~torch.isnan(mems)].mean()) if (~torch.isnan(mems)).any() else 0.0
+    model.set_offsets(float(train_y[:, :3].mean()), log_nodes, mem_mean)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=cfg.epochs, eta_min=cfg.lr * 0.05)
+    generator = torch.Generator().manual_seed(cfg.seed)
+    loader = DataLoader(parts["train"], batch_size=cfg.batch_size, shuffle=True, generator=generator)
+
+    best = {"val_mape": math.inf, "epoch": -1, "state": None}
+    start = time.perf_counter()
+    for epoch in range(1, cfg.epochs + 1):
+        tick = time.perf_counter()
+        model.train()
+        total, count = 0.0, 0
+        for batch in loader:
+            optimizer.zero_grad(set_to_none=True)
+            loss = _loss(model, batch, cfg.memory_weight)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)
+            optimizer.step()
+            total += float(loss) * batch.num_graphs
+            count += batch.num_graphs
+        scheduler.step()
+        train_mape = _step_mape(model, parts["train"])
+        val_mape = _step_mape(model, parts["val"])
+        improved = val_mape < best["val_mape"]
+        if improved:
+            best = {"val_mape": val_mape, "epoch": epoch,
+                    "state": {k: v.detach().clone() for k, v in model.state_dict().items()}}
+        log(f"epoch {epoch:4d}  loss {total / count:.4f}  train MAPE {train_mape:6.2f}%  "
+            f"val MAPE {val_mape:6.2f}%{' *' if improved else '  '}  {time.perf_counter() - tick:5.1f} s")
+        if logger:
+            logger.log({"epoch": epoch, "loss": total / count, "train_mape": train_mape, "val_mape": val_mape})
+        if on_epoch:
+            on_epoch(epoch, val_mape)
+        if epoch - best["epoch"] >= cfg.patience:
+            log(f"early stop: no better validation MAPE for {cfg.patience} epochs")
+            break
+    model.load_state_dict(best["state"])
+    train_s = time.perf_counter() - start
+
+    result_metrics = {}
+    for name, part in parts.items():
+        if part:
+            p = predict_samples(model, part)
+            result_metrics[name] = metrics.report(p["pred_ms"][:, 3], p["true_ms"][:, 3],
+                                                  [s.precision for s in part], [s.family for s in part])
+    summary = {
+        "best_epoch": best["epoch"], "val_mape": best["val_mape"], "train_s": round(train_s, 1),
+        "metrics": result_metrics, "split": split, "n_samples": len(samples),
+        "data_hash": dataset.data_hash(measured), "hardware": hardware,
+    }
+    log(f"best epoch {best['epoch']}: val MAPE {best['val_mape']:.2f}%"
+        + (f", test MAPE {result_metrics['test']['overall']['mape']:.2f}%" if "test" in result_metrics else "")
+        + f"  ({train_s:.0f} s)")
+    if logger:
+        logger.summary({"best_epoch": best["epoch"], "val_mape": best["val_mape"],
+                        **({"test_mape": result_metrics["test"]["overall"]["mape"]}
+                           if "test" in result_metrics else {})})
+    if out is not None:
+        import torch_geometric
+
+        from gnn_ptp.graph import FEATURE_VERSION
+        from gnn_ptp.records import now_utc
+
+        meta = {
+            "model": cfg.model.to_dict(), "train": cfg.to_dict(), "feature_version": FEATURE_VERSION,
+            "hardware": hardware, "trace_target": dataset.trace_target(hardware),
+            "data_dir": str(data_dir), "created": now_utc(), "torch": torch.__version__,
+            "torch_geometric": torch_geometric.__version__, "train_ranges": train_ranges(parts["train"]),
+            **summary,
+        }
+        summary["checkpoint"] = str(checkpoint.save(model, meta, out))
+        log(f"checkpoint written to {out}")
+    summary["model"] = model
+    return summary

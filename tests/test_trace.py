@@ -1,0 +1,557 @@
+"""The tracer: per-node dtypes and kernels as an H100 runs them, phases, the optimizer and GradScaler.
+
+The most valuable check is ``test_emulated_autocast_matches_real_cuda_autocast``: the forward pass as
+our CPU-side emulation records it, against the same forward pass dispatched through PyTorch's real
+AutocastCUDA kernels (fake CUDA tensors, no GPU; see ``real_cuda_autocast.py``).
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import subprocess
+import sys
+from collections import Counter
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.nn import functional as F
+
+from gnn_ptp import cuda_dispatch, ops
+from gnn_ptp.precision import PRECISION_NAMES, get_precision
+from gnn_ptp.spec import Shape, build, parse_spec
+from gnn_ptp.trace import PHASES, StepConfig, TraceError, trace_step
+
+from conftest import (
+    BERT,
+    GPT2,
+    LLAMA,
+    RANDOM_CNN,
+    RANDOM_MLP,
+    RANDOM_TRANSFORMER,
+    RESNET18,
+    TABULAR,
+    TESTS,
+    TEXT,
+    VISION,
+    compute_nodes,
+    needs_cuda_wheel,
+    nodes_named,
+    out_dtypes,
+    py_spec,
+    step,
+)
+
+HALF = {"amp-fp16": torch.float16, "amp-bf16": torch.bfloat16}
+MATMULS = ("mm", "addmm", "bmm", "baddbmm")
+
+
+def canonical_ops(traced, phase=None) -> Counter:
+    return Counter(ops.canonical(n.target) for n in compute_nodes(traced, phase))
+
+
+# --- tensor-core ops in half precision under AMP --------------------------------------------------
+
+
+@pytest.mark.parametrize("precision", ["amp-fp16", "amp-bf16"])
+@pytest.mark.parametrize("model, shape", [(GPT2, TEXT), (LLAMA, TEXT), (BERT, TEXT)],
+                         ids=["gpt2", "llama", "bert"])
+def test_matmuls_run_in_autocast_dtype(model, shape, precision):
+    traced = step(model, shape, precision)
+    half = HALF[precision]
+    for phase in ("forward", "backward"):
+        matmuls = [n for n in compute_nodes(traced, phase) if ops.canonical(n.target) in MATMULS]
+        assert matmuls, f"no matmul in the {phase} phase"
+        for n in matmuls:
+            assert out_dtypes(n) == [half], (phase, n.target, out_dtypes(n))
+
+
+@pytest.mark.parametrize("precision", ["amp-fp16", "amp-bf16"])
+def test_eager_attention_bmm_in_autocast_dtype(precision):
+    traced = step(BERT, TEXT, precision, extra=("attn_implementation=eager",))
+    bmms = nodes_named(traced, "bmm", "forward")
+    assert len(bmms) == 2  # q @ k^T and p @ v
+    assert all(out_dtypes(n) == [HALF[precision]] for n in bmms)
+
+
+@pytest.mark.parametrize("precision", ["amp-fp16", "amp-bf16"])
+@pytest.mark.parametrize("model", [RESNET18, RANDOM_CNN], ids=["resnet18", "random-cnn"])
+def test_convolutions_run_in_autocast_dtype(model, precision):
+    traced = step(model, VISION, precision)
+    half = HALF[precision]
+    convs = nodes_named(traced, "convolution", "forward")
+    assert len(convs) >= 3
+    for n in convs:
+        assert out_dtypes(n) == [half]
+        assert all(t.dtype == half for t in n.meta["in"][0][:2])  # input and weight lowered
+    grads = nodes_named(traced, "convolution_backward", "backward")
+    assert len(grads) == len(convs)
+    for n in grads:
+        assert set(out_dtypes(n)) == {half}
+
+
+def test_no_autocast_casts_without_amp():
+    for precision in ("fp32", "bf16"):
+        traced = step(GPT2, TEXT, precision)
+        lowered = [n for n in nodes_named(traced, "to_copy", "forward") if out_dtypes(n) == [torch.float16]]
+        assert not lowered
+    assert not [n for n in nodes_named(step(GPT2, TEXT, "fp32"), "to_copy") if out_dtypes(n) == [torch.bfloat16]]
+
+
+# --- ops CUDA autocast runs in float32 ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("precision", ["amp-fp16", "amp-bf16"])
+def test_fp32_ops_under_amp(precision):
+    gpt2 = step(GPT2, TEXT, precision)
+    for op in ("layer_norm", "log_softmax", "nll_loss"):
+        nodes = nodes_named(gpt2, op, "forward")
+        assert nodes, op
+        assert all(set(out_dtypes(n)) == {torch.float32} for n in nodes), op
+    assert all(set(out_dtypes(n)) == {torch.float32} for n in nodes_named(gpt2, "layer_norm_backward"))
+    # softmax with no explicit dtype (eager attention): float32 output from half scores
+    bert = step(BERT, TEXT, precision, extra=("attn_implementation=eager",))
+    softmax = nodes_named(bert, "softmax", "forward")
+    assert len(softmax) == 1 and out_dtypes(softmax[0]) == [torch.float32]
+    # rms_norm: float32, as one fused kernel on CUDA
+    tr = step(RANDOM_TRANSFORMER, TEXT, precision)
+    rms = nodes_named(tr, "rms_norm", "forward")
+    assert len(rms) == 3 and all(n.target == torch.ops.aten._fused_rms_norm.default for n in rms)
+    assert all(out_dtypes(n)[0] == torch.float32 for n in rms)
+    assert nodes_named(tr, "rms_norm_backward", "backward")
+
+
+@pytest.mark.parametrize("precision", ["amp-fp16", "amp-bf16"])
+def test_log_softmax_without_dtype_runs_in_fp32(precision):
+    traced = trace_step(StepConfig(py_spec("log_softmax_head"), TABULAR, precision))
+    (ls,) = nodes_named(traced, "log_softmax", "forward")
+    assert out_dtypes(ls) == [torch.float32]
+    (addmm,) = nodes_named(traced, "addmm", "forward")
+    assert out_dtypes(addmm) == [HALF[precision]]  # the logits are half; autocast upcast them
+    (nll,) = nodes_named(traced, "nll_loss", "forward")
+    assert set(out_dtypes(nll)) == {torch.float32}
+
+
+@pytest.mark.parametrize("precision", ["amp-fp16", "amp-bf16"])
+def test_cross_entropy_keeps_log_softmax_in_half(precision):
+    """cross_entropy calls log_softmax with an explicit dtype (the logits' own), which CUDA autocast
+    respects: log_softmax runs in half precision; nll_loss is upcast to float32."""
+    traced = step(RANDOM_MLP, TABULAR, precision)
+    half = HALF[precision]
+    (ls,) = nodes_named(traced, "log_softmax", "forward")
+    assert out_dtypes(ls) == [half]
+    (nll,) = nodes_named(traced, "nll_loss", "forward")
+    assert set(out_dtypes(nll)) == {torch.float32}
+    assert nll.meta["in"][0][0].dtype == torch.float32  # the upcast happens between them
+    (lsb,) = nodes_named(traced, "log_softmax_backward", "backward")
+    assert out_dtypes(lsb) == [half]
+    # and on a CPU target (CPU autocast), the same model's log_softmax is float32
+    cpu = step(RANDOM_MLP, TABULAR, "amp-bf16", target="cpu")
+    (ls_cpu,) = nodes_named(cpu, "log_softmax", "forward")
+    assert out_dtypes(ls_cpu) == [torch.float32]
+
+
+def test_layer_norm_fp32_on_cuda_but_not_on_cpu_autocast():
+    cuda = nodes_named(step(RANDOM_MLP, TABULAR, "amp-bf16"), "layer_norm", "forward")
+    cpu = nodes_named(step(RANDOM_MLP, TABULAR, "amp-bf16", target="cpu"), "layer_norm", "forward")
+    assert cuda and all(out_dtypes(n)[0] == torch.float32 for n in cuda)
+    assert cpu and all(out_dtypes(n)[0] == torch.bfloat16 for n in cpu)
+
+
+# --- GradScaler, pure bf16, the optimizer ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("precision", PRECISION_NAMES)
+def test_grad_scaler_ops_only_under_amp_fp16(precision):
+    traced = step(RANDOM_MLP, TABULAR, precision)
+    counts = canonical_ops(traced, "optimizer")
+    scaler = counts["_amp_foreach_non_finite_check_and_unscale"], counts["_amp_update_scale"]
+    assert scaler == ((1, 1) if precision == "amp-fp16" else (0, 0))
+    assert get_precision(precision).grad_scaler == (precision == "amp-fp16")
+
+
+def test_grad_scaler_ordering():
+    nodes = compute_nodes(step(RANDOM_MLP, TABULAR, "amp-fp16"), "optimizer")
+    names = [ops.canonical(n.target) for n in nodes]
+    unscale = names.index("_amp_foreach_non_finite_check_and_unscale")
+    first_update = min(i for i, n in enumerate(names) if n.startswith("_foreach_"))
+    assert unscale < first_update < names.index("_amp_update_scale") == len(names) - 1
+
+
+def test_pure_bf16_parameters_and_optimizer():
+    traced = step(LLAMA, TEXT, "bf16")
+    params = [n for n in traced.graph.nodes if n.op == "placeholder" and n.name.startswith("params_")]
+    assert params and all(n.meta["val"].dtype == torch.bfloat16 for n in params)
+    state = [n for n in traced.graph.nodes if n.op == "placeholder" and n.name.startswith("state_")]
+    assert state and all(n.meta["val"].dtype == torch.bfloat16 for n in state)
+    foreach = [n for n in compute_nodes(traced, "optimizer") if ops.canonical(n.target).startswith("_foreach_")]
+    assert len(foreach) >= 7
+    for n in foreach:
+        assert set(out_dtypes(n)) == {torch.bfloat16}, n.target
+    for n in nodes_named(traced, "mm"):
+        assert out_dtypes(n) == [torch.bfloat16]
+
+
+@pytest.mark.parametrize("optimizer, expected", [
+    ("adamw", {"_foreach_mul": 2, "_foreach_lerp": 1, "_foreach_addcmul": 1, "_foreach_sqrt": 1,
+               "_foreach_div": 1, "_foreach_add": 1, "_foreach_addcdiv": 1}),
+    ("adam", {"_foreach_lerp": 1, "_foreach_mul": 1, "_foreach_addcmul": 1, "_foreach_sqrt": 1,
+              "_foreach_div": 1, "_foreach_add": 1, "_foreach_addcdiv": 1}),
+    ("sgd", {"_foreach_mul": 1, "_foreach_add": 2}),
+])
+def test_optimizer_kernels_and_host_step_counters(optimizer, expected):
+    traced = step(RANDOM_MLP, TABULAR, "fp32", optimizer=optimizer)
+    assert dict(canonical_ops(traced, "optimizer")) == expected
+    # every foreach kernel walks exactly the parameters, with their shapes
+    shapes = sorted(tuple(n.meta["val"].shape) for n in traced.graph.nodes
+                    if n.op == "placeholder" and n.name.startswith("params_"))
+    for n in compute_nodes(traced, "optimizer"):
+        assert sorted(tuple(t.shape) for t in n.meta["val"]) == shapes, n.target
+    # Adam's step counters live on the host: no recorded op reads them (a tensor the trace does not know
+    # becomes an external_* placeholder: none may have users) and the constants lifted for them are gone
+    assert not [n for n in traced.graph.nodes
+                if n.op == "placeholder" and n.name.startswith("external_") and n.users]
+    assert not [n for n in traced.graph.nodes
+                if n.op == "call_function" and ops.canonical(n.target) == "lift_fresh"]
+
+
+# --- kernel choices: attention, dropout -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("precision, kernel", [
+    ("amp-bf16", "flash_attention"), ("amp-fp16", "flash_attention"), ("bf16", "flash_attention"),
+    ("fp32", "efficient_attention"), ("tf32", "efficient_attention"),
+])
+def test_sdpa_kernel(precision, kernel):
+    models = (RANDOM_TRANSFORMER, GPT2) + ((LLAMA,) if kernel == "flash_attention" else ())
+    for model in models:
+        traced = step(model, TEXT, precision)
+        counts = canonical_ops(traced)
+        assert counts[kernel] == 1 and counts[kernel + "_backward"] == 1, (model[0], dict(counts))
+        other = {"flash_attention", "efficient_attention"} - {kernel}
+        assert not any(counts[o] for o in other)
+        assert not counts["bmm"]  # no math-path attention
+
+
+@pytest.mark.xfail(strict=True, reason="DISAGREEMENT (not fixed): cuda_dispatch.attention_backend refuses "
+                   "memory-efficient attention for grouped-query attention and falls back to the math path; "
+                   "torch's sdp_utils.cpp (can_use_mem_efficient_attention: supports_gqa = true on CUDA, "
+                   "false only on ROCm) runs GQA in the efficient kernel. A float32 Llama (GQA) traces a "
+                   "math-path attention (bmm, softmax, fp32 copies) instead of one efficient-attention kernel.")
+def test_gqa_float32_attention_uses_efficient_kernel():
+    counts = canonical_ops(step(LLAMA, TEXT, "fp32"))
+    assert counts["efficient_attention"] == 1 and not counts["bmm"]
+
+
+def test_flash_attention_causal_flag():
+    traced = step(RANDOM_TRANSFORMER, TEXT, "amp-bf16")
+    (fa,) = nodes_named(traced, "flash_attention")
+    assert fa.meta["in"][0][4] is True  # is_causal
+    q = fa.meta["in"][0][0]
+    assert q.dtype == torch.bfloat16 and tuple(q.shape) == (2, 2, 16, 32)
+
+
+def _meta(*shape, dtype=torch.bfloat16):
+    return torch.empty(*shape, dtype=dtype, device="meta")
+
+
+def test_attention_backend_rules():
+    backend = cuda_dispatch.attention_backend
+    q = _meta(2, 8, 128, 64)
+    assert backend(q, q, q, None, False) == "flash"
+    assert backend(q, q, q, _meta(2, 1, 128, 128), False) == "efficient"  # arbitrary mask
+    big = _meta(2, 8, 128, 512)
+    assert backend(big, big, big, None, False) == "efficient"  # head_dim > 256
+    f = _meta(2, 8, 128, 64, dtype=torch.float32)
+    assert backend(f, f, f, None, False) == "efficient"
+    odd = _meta(2, 8, 128, 6, dtype=torch.float32)
+    assert backend(odd, odd, odd, None, False) == "math"  # unaligned head dim
+    kv = _meta(2, 2, 128, 64)
+    assert backend(q, kv, kv, None, True) == "flash"  # GQA: flash handles it
+    kv32 = _meta(2, 2, 128, 64, dtype=torch.float32)
+    assert backend(f, kv32, kv32, None, True) == "math"  # efficient attention does not
+    assert backend(q, _meta(2, 8, 128, 64, dtype=torch.float16), q, None, False) == "math"  # mixed dtypes
+
+
+def test_masked_attention_picks_efficient():
+    traced = trace_step(StepConfig(py_spec("masked_attention"), Shape(2, 32), "amp-bf16"))
+    counts = canonical_ops(traced)
+    assert counts["efficient_attention"] == 1 and not counts["flash_attention"]
+    (ea,) = nodes_named(traced, "efficient_attention")
+    assert ea.meta["in"][0][3].shape == (2, 2, 32, 32)  # mask expanded to [B, H, S, S]
+
+
+def test_dropout_kernel_depends_on_target():
+    cuda = canonical_ops(step(RANDOM_MLP, TABULAR, "fp32"))
+    cpu = canonical_ops(step(RANDOM_MLP, TABULAR, "fp32", target="cpu"))
+    assert cuda["native_dropout"] == 2 and cuda["native_dropout_backward"] == 2
+    assert not cuda["bernoulli"]
+    assert not cpu["native_dropout"] and cpu["bernoulli"] == 2
+    # p = 0 launches nothing
+    none = canonical_ops(step(RANDOM_MLP, TABULAR, "fp32", extra=("dropout=0.0",)))
+    assert not none["native_dropout"] and not none["bernoulli"]
+
+
+def test_cpu_target_keeps_cpu_kernels():
+    """A CPU target records the CPU's own kernels: attention with dropout on the math path, rms_norm
+    decomposed (the CUDA target runs one efficient-attention and three fused rms_norm kernels)."""
+    cpu = canonical_ops(step(RANDOM_TRANSFORMER, TEXT, "fp32", target="cpu"))
+    assert not cpu["efficient_attention"] and not cpu["flash_attention"] and cpu["bmm"] == 6
+    assert not cpu["rms_norm"] and cpu["rsqrt"] == 3
+    cuda = canonical_ops(step(RANDOM_TRANSFORMER, TEXT, "fp32"))
+    assert cuda["efficient_attention"] == 1 and cuda["rms_norm"] == 3 and not cuda["bmm"]
+
+
+# --- phases and trace sharing ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("model, shape", [(GPT2, TEXT), (RESNET18, VISION)], ids=["gpt2", "resnet18"])
+def test_phases_annotated_and_ordered(model, shape):
+    traced = step(model, shape, "amp-fp16")
+    nodes = [n for n in traced.graph.nodes if n.op == "call_function"]
+    phases = [PHASES.index(n.meta["phase"]) for n in nodes]
+    assert phases == sorted(phases), "phases must be contiguous: forward, backward, optimizer"
+    assert set(phases) == {0, 1, 2}
+    for n in nodes:
+        op, phase = ops.canonical(n.target), n.meta["phase"]
+        if op.endswith("_backward"):
+            assert phase == "backward", op
+        if op.startswith(("_foreach_", "_amp_")):
+            assert phase == "optimizer", op
+        if op in ("nll_loss", "embedding", "max_pool2d"):
+            assert phase == "forward", op
+    for n in traced.graph.nodes:
+        if n.op == "call_function":
+            assert "val" in n.meta and "in" in n.meta
+
+
+def test_tf32_and_torch_default_share_the_fp32_trace():
+    fp32 = step(GPT2, TEXT, "fp32")
+    for precision in ("tf32", "torch-default"):
+        other = step(GPT2, TEXT, precision)
+        assert other.graph is fp32.graph
+        assert other.config.precision == precision
+    assert step(GPT2, TEXT, "amp-bf16").graph is not fp32.graph
+
+
+def test_trace_is_cached_and_reports_metadata(gpt2_spec):
+    config = StepConfig(gpt2_spec, TEXT, "amp-bf16")
+    a, b = trace_step(config), trace_step(config)
+    assert a is b
+    assert a.family == "gpt2" and a.modality == "text" and a.shape == TEXT
+    assert a.param_count == build(gpt2_spec, TEXT).param_count
+    assert a.trace_s > 0
+
+
+def test_step_config_validation(gpt2_spec):
+    from gnn_ptp.errors import UserError
+
+    with pytest.raises(UserError, match="did you mean .*'adamw'"):
+        StepConfig(gpt2_spec, TEXT, "fp32", optimizer="adamx")
+    with pytest.raises(UserError, match="amp-bf16"):
+        StepConfig(gpt2_spec, TEXT, "amp_bf16")
+    with pytest.raises(UserError, match="target"):
+        StepConfig(gpt2_spec, TEXT, "fp32", target="tpu")
+
+
+def test_untraceable_model_is_a_trace_error():
+    with pytest.raises(TraceError, match="could not trace"):
+        trace_step(StepConfig(py_spec("data_dependent"), TABULAR, "fp32"))
+
+
+def test_resnet18_batch_norms():
+    traced = step(RESNET18, VISION, "fp32")
+    assert len(nodes_named(traced, "batch_norm", "forward")) == 20
+    assert len(nodes_named(traced, "batch_norm_backward", "backward")) == 20
+
+
+@pytest.mark.slow
+def test_llama_7b_traces():
+    traced = trace_step(StepConfig(parse_spec("hf:llama"), Shape(1, 256), "amp-bf16"))
+    assert 6.5e9 < traced.param_count < 7e9
+    counts = canonical_ops(traced)
+    assert counts["flash_attention"] == 32 and counts["flash_attention_backward"] == 32
+    mms = nodes_named(traced, "mm", "forward")
+    assert len(mms) == 32 * 7 + 1  # q, k, v, o, gate, up, down per layer + the LM head
+    assert all(out_dtypes(n) == [torch.bfloat16] for n in mms)
+    assert sum(1 for n in traced.graph.nodes if n.op == "call_function") > 5000
+
+
+# --- the emulation itself, on real CPU tensors ---------------------------------------------------
+
+
+class _Count(torch.utils._python_dispatch.TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops[ops.canonical(func)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_emulated_policy_on_cpu_tensors():
+    x = torch.randn(4, 8)
+    w = torch.nn.Parameter(torch.randn(8, 8))
+    xb = x.bfloat16()
+    with cuda_dispatch.cuda_semantics(torch.bfloat16) as region:
+        with region():
+            assert (x @ w).dtype == torch.bfloat16  # lower precision
+            assert F.linear(x, w).dtype == torch.bfloat16
+            assert torch.softmax(xb, -1).dtype == torch.float32  # fp32, dtype set
+            assert F.log_softmax(xb, -1, dtype=torch.bfloat16).dtype == torch.bfloat16  # explicit dtype kept
+            assert xb.sum().dtype == torch.float32
+            assert F.layer_norm(xb, (8,)).dtype == torch.float32  # fp32
+            assert torch.exp(xb).dtype == torch.float32
+            assert torch.norm(xb).dtype == torch.float32  # fp32, dtype appended
+            assert torch.addcmul(x, xb, xb).dtype == torch.float32  # promote to the widest
+            assert torch.addcmul(xb, xb, xb).dtype == torch.bfloat16
+            assert torch.tanh(xb).dtype == torch.bfloat16  # not in any list
+            with FakeTensorMode():  # no bf16 avg_pool3d kernel on the CPU: shapes and dtypes only
+                vol = torch.empty(1, 1, 4, 2, 4, dtype=torch.bfloat16)
+                assert F.avg_pool3d(vol, 2).dtype == torch.bfloat16  # only CPU autocast touches it
+            with pytest.raises(RuntimeError, match="unsafe to autocast"):
+                F.binary_cross_entropy(torch.rand(4), torch.rand(4))
+            counter = _Count()
+            with counter:
+                w @ w.t()
+                x @ w
+            assert counter.ops["to_copy"] == 2  # w cast once (cached), x once; w.t() is a view of the cast
+        assert (x @ w).dtype == torch.float32  # outside the region: no autocast
+    # on exit the registrations are gone: CPU autocast is CPU autocast again
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert F.layer_norm(xb, (8,)).dtype == torch.bfloat16
+        assert (x @ w).dtype == torch.bfloat16
+
+
+def test_emulated_policy_fp16():
+    x = torch.randn(4, 8)
+    with cuda_dispatch.cuda_semantics(torch.float16) as region, region():
+        assert (x @ x.t()).dtype == torch.float16
+        assert torch.softmax(x.half(), -1).dtype == torch.float32
+
+
+def test_autocast_policy_covers_every_autocast_cuda_op():
+    """Every op with an AutocastCUDA kernel in the installed torch must be in the vendored policy;
+    a torch upgrade that adds one fails here instead of silently tracing it in the wrong dtype."""
+    have = cuda_dispatch.autocast_cuda_ops()
+    assert len(have) > 50, "no AutocastCUDA kernels found: is this a torch build without them?"
+    missing = sorted(have - cuda_dispatch.POLICY_OPS)
+    assert not missing, f"AutocastCUDA ops missing from cuda_dispatch's policy: {missing}"
+
+
+def test_autocast_policy_has_no_stale_entries():
+    stale = sorted(cuda_dispatch.POLICY_OPS - cuda_dispatch.autocast_cuda_ops())
+    assert not stale, f"policy names ops with no AutocastCUDA kernel in this torch: {stale}"
+
+
+def test_policy_lists_are_disjoint():
+    lists = [cuda_dispatch.LOWER_PRECISION, cuda_dispatch.FP32, cuda_dispatch.FP32_SET_OPT_DTYPE,
+             set(cuda_dispatch.FP32_APPEND_DTYPE), cuda_dispatch.PROMOTE, cuda_dispatch.BANNED]
+    assert sum(len(x) for x in lists) == len(set().union(*lists))
+
+
+# --- emulated vs REAL CUDA autocast ---------------------------------------------------------------
+
+_EAGER = ("attn_implementation=eager",)
+COMPARE_MODELS = {
+    "gpt2": (GPT2, TEXT),
+    "bert": (BERT, TEXT),
+    "llama": (LLAMA, TEXT),
+    "bert-eager": ((BERT[0], BERT[1] + list(_EAGER)), TEXT),
+    "llama-eager": ((LLAMA[0], LLAMA[1] + list(_EAGER)), TEXT),
+    "random-cnn": (RANDOM_CNN, VISION),
+    "resnet18": (RESNET18, VISION),
+    "random-transformer": (RANDOM_TRANSFORMER, TEXT),
+    "random-mlp": (RANDOM_MLP, TABULAR),
+}
+COMPARE_CASES = [
+    pytest.param(name, precision, id=f"{name}-{precision}")
+    for name in COMPARE_MODELS for precision in ("amp-bf16", "amp-fp16")
+]
+
+
+def _case(name: str, precision: str) -> dict:
+    (spec, overrides), shape = COMPARE_MODELS[name]
+    return {"id": f"{name}-{precision}", "spec": spec, "set": list(overrides),
+            "batch_size": shape.batch_size, "seq_len": shape.seq_len, "image_size": shape.image_size,
+            "precision": precision}
+
+
+@pytest.fixture(scope="session")
+def real_cuda_sequences():
+    """Forward sequences under the real AutocastCUDA kernels, for every case, from one subprocess."""
+    if torch.version.cuda is None:
+        pytest.skip("needs the CUDA build of torch (AutocastCUDA kernels, fake cuda tensors)")
+    cases = [_case(name, precision) for name in COMPARE_MODELS for precision in ("amp-bf16", "amp-fp16")]
+    proc = subprocess.run([sys.executable, str(TESTS / "real_cuda_autocast.py")], input=json.dumps(cases),
+                          capture_output=True, text=True, timeout=600, cwd=TESTS.parent)
+    assert proc.returncode == 0, f"reference run died (rc {proc.returncode}):\n{proc.stderr[-3000:]}"
+    return json.loads(proc.stdout)
+
+
+def _dtype(d: torch.dtype) -> str:
+    return str(d).removeprefix("torch.")
+
+
+def emulated_forward_sequence(traced) -> list[tuple[str, tuple[str, ...]]]:
+    """The forward phase of our trace in the reference's terms: attention kernels become one ``sdpa``
+    entry (q, k, v and output dtypes)."""
+    seq = []
+    for n in compute_nodes(traced, "forward"):
+        op = ops.canonical(n.target)
+        dtypes = tuple(_dtype(d) for d in out_dtypes(n))
+        if ops.category(op) == "attention":
+            q, k, v = n.meta["in"][0][:3]
+            seq.append(("sdpa", (_dtype(q.dtype), _dtype(k.dtype), _dtype(v.dtype), dtypes[0])))
+        else:
+            seq.append((op, dtypes))
+    return seq
+
+
+def _main_output_only(seq, op="batch_norm"):
+    """batch_norm's saved statistics differ by device (see test_batch_norm_saved_statistics_dtype)."""
+    return [(o, d[:1]) if o == op else (o, d) for o, d in seq]
+
+
+@needs_cuda_wheel
+@pytest.mark.parametrize("name, precision", COMPARE_CASES)
+def test_emulated_autocast_matches_real_cuda_autocast(real_cuda_sequences, name, precision):
+    result = real_cuda_sequences[f"{name}-{precision}"]
+    assert "error" not in result, result.get("error")
+    real = [(op, tuple(d)) for op, d in result["ops"]]
+    (spec, overrides), shape = COMPARE_MODELS[name]
+    ours = emulated_forward_sequence(step((spec, overrides), shape, precision))
+    if get_precision(precision).grad_scaler:
+        assert ours[-1] == ("mul", ("float32",))  # loss * scale, recorded with the forward
+        ours = ours[:-1]
+    real, ours = _main_output_only(real), _main_output_only(ours)
+    assert len(real) > 10
+    if real != ours:
+        diff = "\n".join(difflib.unified_diff([str(x) for x in real], [str(x) for x in ours],
+                                              "real AutocastCUDA", "emulated", lineterm="", n=2))
+        pytest.fail(f"{name} {precision}: emulated forward differs from real CUDA autocast:\n{diff}")
+
+
+@needs_cuda_wheel
+@pytest.mark.xfail(strict=True, reason="DIFFERENCE (not fixed, tiny): with a half input and float32 weights, "
+                   "CUDA's batch norm keeps its saved mean/invstd in float32 (and cuDNN adds a uint8 reserve "
+                   "under fp16); the CPU kernel the trace records saves them in the input's dtype.")
+@pytest.mark.parametrize("precision", ["amp-bf16", "amp-fp16"])
+def test_batch_norm_saved_statistics_dtype(real_cuda_sequences, precision):
+    real = [tuple(d) for op, d in real_cuda_sequences[f"resnet18-{precision}"]["ops"] if op == "batch_norm"]
+    ours = [d for op, d in emulated_forward_sequence(step(RESNET18, VISION, precision)) if op == "batch_norm"]
+    assert real == ours
+
+
+@needs_cuda_wheel
+def test_real_reference_sees_what_autocast_does(real_cuda_sequences):
+    """The reference itself is sane: half matmuls, fp32 layer norm, an sdpa entry in half precision."""
+    real = real_cuda_sequences["gpt2-amp-bf16"]["ops"]
+    assert ["addmm", ["bfloat16"]] in real
+    assert ["layer_norm", ["float32", "float32", "float32"]] in real
+    assert ["sdpa", ["bfloat16", "bfloat16", "bfloat16", "bfloat16"]] in real
+    fp16 = real_cuda_sequences["bert-eager-amp-fp16"]["ops"]
+    i = [op for op, _ in fp16].index("softmax")
+    assert fp16[i] == ["softmax", ["float32"]] and fp16[i - 1][0] != "to_copy"  # fused half->float
