@@ -29,6 +29,7 @@ from gnn_ptp.store import atomic_torch_save
 
 PHASE_KEYS = ("forward_ms", "backward_ms", "optimizer_ms", "step_ms")
 _DATA_FIELDS = ("x", "x_cat", "edge_index", "edge_attr", "u", "phase", "grad_bytes")
+_FAILED = "__failed__"  # cache entry: {config key: why it would not trace}
 
 
 @dataclass
@@ -99,10 +100,15 @@ def load_graphs(data_dir: str | Path, measured: list[Measured], precision_aware:
     data_dir = Path(data_dir)
     target = trace_target(measured[0].hardware)
     path = _cache_path(data_dir, target, precision_aware)
-    cache: dict = torch.load(path, weights_only=True) if path.exists() else {}
-    cache = {k: v for k, v in cache.items() if all(f in v for f in _DATA_FIELDS)}  # stale entries go
-    missing = [m for m in measured if m.key not in cache]
+    stored: dict = torch.load(path, weights_only=True) if path.exists() else {}
+    failures: dict[str, str] = stored.pop(_FAILED, {})  # configs that would not trace: not retried
+    cache = {k: v for k, v in stored.items() if all(f in v for f in _DATA_FIELDS)}  # stale entries go
     log = log or (lambda msg: print(msg, file=sys.stderr))
+    known_failures = [m for m in measured if m.key in failures]
+    if known_failures:
+        log(f"{len(known_failures)} configurations could not be traced before and are left out "
+            f"(e.g. {known_failures[0].config['spec']}: {failures[known_failures[0].key]})"[:300])
+    missing = [m for m in measured if m.key not in cache and m.key not in failures]
     if missing:
         log(f"tracing {len(missing)} graphs ({len(cache)} cached) for {data_dir} ...")
     start, failed = time.perf_counter(), 0
@@ -110,11 +116,12 @@ def load_graphs(data_dir: str | Path, measured: list[Measured], precision_aware:
     for i, (m, result) in enumerate(zip(missing, _map(_graph_or_error, jobs)), 1):
         if isinstance(result, str):  # a config that measured fine but will not trace: skip, say so
             failed += 1
+            failures[m.key] = result[:500]
             log(f"  skipped {m.config['spec']} ({m.config['precision']}): {result}"[:300])
         else:
             cache[m.key] = result
         if i % 50 == 0 or i == len(missing):
-            atomic_torch_save(cache, path)
+            atomic_torch_save({**cache, _FAILED: failures}, path)
             log(f"  {i}/{len(missing)} traced ({time.perf_counter() - start:.0f} s)")
     if failed:
         log(f"{failed} configurations could not be traced and are left out")

@@ -18,7 +18,7 @@ import warnings
 from pathlib import Path
 
 from gnn_ptp.errors import UserError
-from gnn_ptp.model import LAYERS, NORMS, READOUTS, ModelConfig
+from gnn_ptp.model import LAYERS, NORMS, READOUTS
 from gnn_ptp.train import TrainConfig
 
 HIDDEN = (32, 64, 128, 256)
@@ -28,8 +28,8 @@ WARMUP_EPOCHS = 10
 """Epochs a trial always runs before it may be pruned."""
 STARTUP_TRIALS = 5
 """Completed trials needed before the pruner compares against them."""
-INSTALL_HINT = {"optuna": "pip install 'optuna>=4.0'", "psycopg2": "pip install 'gnn-ptp[postgres]' "
-                                                                   "(or: pip install psycopg2-binary)"}
+INSTALL_HINT = {"optuna": "pip install 'optuna>=4.0'",
+                "psycopg2": "pip install 'gnn-ptp[postgres]' (or: pip install psycopg2-binary)"}
 
 
 def require(module: str):
@@ -39,7 +39,8 @@ def require(module: str):
     try:
         return importlib.import_module(module)
     except ImportError as e:
-        raise UserError(f"gnn-ptp sweep needs {module} ({e}); install it with: {INSTALL_HINT[module]}") from None
+        raise UserError(f"gnn-ptp sweep needs {module} ({e}); install it with: "
+                        f"{INSTALL_HINT[module]}") from None
 
 
 def storage_url(storage: str | Path | None, data_dir: str | Path) -> str:
@@ -87,8 +88,8 @@ def open_study(url: str, study_name: str, seed: int, pruner=None):
             sampler=optuna.samplers.TPESampler(seed=seed, constant_liar=True),
             pruner=pruner or optuna.pruners.MedianPruner(n_startup_trials=STARTUP_TRIALS,
                                                          n_warmup_steps=WARMUP_EPOCHS))
-    except (sqlalchemy.exc.ArgumentError, sqlalchemy.exc.OperationalError) as e:
-        reason = str(e).strip().splitlines()[0]
+    except (sqlalchemy.exc.ArgumentError, sqlalchemy.exc.OperationalError, ImportError) as e:
+        reason = str(e).strip().splitlines()[0]  # ImportError: Optuna's "install the DB access module"
         raise UserError(f"cannot open the study database {_safe(url)}: {reason}") from None
 
 
@@ -139,11 +140,12 @@ def sweep(data_dir: str | Path, trials: int, storage: str | Path | None = None, 
     if trials < 1:
         raise UserError(f"trials = {trials} must be at least 1")
     optuna = require("optuna")
-    from gnn_ptp.train import prepare, train
+    from gnn_ptp.train import TrainingDiverged, prepare, train
 
     log = log or print
     base = base or TrainConfig()
-    _, samples, split, parts = prepare(data_dir, base, log)  # fails early on bad data; fills the graph cache
+    prepared = prepare(data_dir, base, log)  # once: fails early on bad data; every trial reuses it
+    _, samples, split, parts = prepared
     if not parts["train"] or not parts["val"]:
         raise UserError(f"need train and validation families; split: {split}")
     log(f"{len(samples)} graphs: {len(parts['train'])} train, {len(parts['val'])} val (families "
@@ -167,7 +169,7 @@ def sweep(data_dir: str | Path, trials: int, storage: str | Path | None = None, 
             if trial.should_prune():
                 raise optuna.TrialPruned(f"val MAPE {best:.2f}% at epoch {epoch}")
 
-        result = train(cfg, data_dir, None, log=lambda msg: None, on_epoch=on_epoch)
+        result = train(cfg, data_dir, None, log=lambda msg: None, on_epoch=on_epoch, prepared=prepared)
         trial.set_user_attr("best_epoch", result["best_epoch"])
         return result["val_mape"]
 
@@ -177,12 +179,14 @@ def sweep(data_dir: str | Path, trials: int, storage: str | Path | None = None, 
 
     interrupted = False
     try:
-        study.optimize(objective, n_trials=trials, callbacks=[on_trial_done], gc_after_trial=True)
+        study.optimize(objective, n_trials=trials, callbacks=[on_trial_done], gc_after_trial=True,
+                       catch=(TrainingDiverged,))  # a diverged trial fails; the worker goes on
     except KeyboardInterrupt:
         interrupted = True  # still write the best so far, then stop as asked
     if out_config is not None and not (interrupted and not _completed(study)):
         path = write_best(study, out_config)
-        log(f"best trial {study.best_trial.number} (val MAPE {study.best_value:.2f}%) written to {path}")
+        best = best_trial(study)
+        log(f"best trial {best.number} (val MAPE {best.value:.2f}%) written to {path}")
     if interrupted:
         raise KeyboardInterrupt
     return study
@@ -206,7 +210,7 @@ def trial_line(study, trial, seconds: float) -> str:
         what = state
     done = _completed(study)
     best = min(done, key=lambda t: t.value) if done else None
-    best_text = f"best {best.value:.2f}% (trial {best.number})" if best else "no trial complete yet"
+    best_text = f"best {best.value:.2f}% (trial {best.number})" if best else "none complete yet"
     params = " ".join(f"{k}={_fmt(v)}" for k, v in trial.params.items())
     return f"trial {trial.number:3d}  {what}  {seconds:5.1f} s  {best_text}  {params}"
 
@@ -215,7 +219,8 @@ def _fmt(value) -> str:
     return f"{value:.3g}" if isinstance(value, float) else str(value)
 
 
-def best_config(study) -> TrainConfig:
+def best_trial(study):
+    """The study's best completed trial, from every worker."""
     done = _completed(study)
     if not done:
         raise UserError(f"study {study.study_name!r} has no completed trial yet: no best config to write")
@@ -223,15 +228,19 @@ def best_config(study) -> TrainConfig:
     if "config" not in best.user_attrs:
         raise UserError(f"trial {best.number} of study {study.study_name!r} holds no training config "
                         "(it was not run by gnn-ptp sweep)")
-    return TrainConfig.from_dict(best.user_attrs["config"])
+    return best
+
+
+def best_config(study) -> TrainConfig:
+    return TrainConfig.from_dict(best_trial(study).user_attrs["config"])
 
 
 def write_best(study, path: str | Path) -> Path:
     """Write the best completed trial's training config as TOML (``gnn-ptp train --config`` reads it)."""
     from gnn_ptp.store import atomic_write_text
 
-    cfg = best_config(study)
-    best = min(_completed(study), key=lambda t: t.value)
+    best = best_trial(study)
+    cfg = TrainConfig.from_dict(best.user_attrs["config"])
     header = (f"# Best trial {best.number} of Optuna study {study.study_name!r}: val MAPE {best.value:.2f}%.\n"
               f"# Written by gnn-ptp sweep; epochs = {cfg.epochs} was the sweep's budget per trial "
               "(gnn-ptp train --epochs overrides it).\n")

@@ -52,10 +52,13 @@ class TrainConfig:
     def __post_init__(self):
         checks = {"lr": self.lr > 0, "batch_size": self.batch_size >= 1, "epochs": self.epochs >= 1,
                   "patience": self.patience >= 1, "weight_decay": self.weight_decay >= 0,
-                  "test_fraction": 0 <= self.test_fraction < 1, "val_fraction": 0 <= self.val_fraction < 1}
+                  "test_fraction": 0 <= self.test_fraction < 1, "val_fraction": 0 <= self.val_fraction < 1,
+                  "memory_weight": self.memory_weight >= 0,
+                  "test_fraction + val_fraction": self.test_fraction + self.val_fraction < 1}
         for name, ok in checks.items():
             if not ok:
-                raise UserError(f"training config: {name} = {getattr(self, name)!r} is out of range")
+                value = getattr(self, name, None) if "+" not in name else self.test_fraction + self.val_fraction
+                raise UserError(f"training config: {name} = {value!r} is out of range")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -66,7 +69,9 @@ class TrainConfig:
         model = ModelConfig(**_checked(d.pop("model", {}) or {}, ModelConfig, "[model]"))
         d = _checked(d, cls, "training config")
         for key in ("test_families", "val_families"):
-            if d.get(key) is not None:
+            if isinstance(d.get(key), str):
+                d[key] = (d[key],)  # test_families = "gpt2" means one family, not four letters
+            elif d.get(key) is not None:
                 d[key] = tuple(d[key])
         return cls(model=model, **d)
 
@@ -92,6 +97,10 @@ def load_train_config(path: str | Path | None) -> TrainConfig:
         raise UserError(f"training config {path}: {e}") from None
     except TypeError as e:
         raise UserError(f"training config {path}: {e}") from None
+
+
+class TrainingDiverged(RuntimeError):
+    """No epoch produced a finite validation error (NaN losses): a config to fail, not to crash on."""
 
 
 def seed_everything(seed: int) -> None:
@@ -148,6 +157,9 @@ def prepare(data_dir, cfg: TrainConfig, log):
     measured = dataset.measured_configs(data_dir)
     graphs = dataset.load_graphs(data_dir, measured, cfg.model.precision_aware, log=log)
     samples = dataset.make_samples(measured, graphs)
+    if not samples:
+        raise UserError(f"none of the {len(measured)} configurations in {data_dir} could be traced; "
+                        "see the skipped lines above")
     split = dataset.family_split([s.family for s in samples], cfg.seed, cfg.test_families, cfg.val_families,
                                  cfg.test_fraction, cfg.val_fraction)
     parts = {name: [s for s in samples if split[s.family] == name] for name in ("train", "val", "test")}
@@ -155,16 +167,17 @@ def prepare(data_dir, cfg: TrainConfig, log):
 
 
 def train(cfg: TrainConfig, data_dir: str | Path, out: str | Path | None, logger=None, log=None,
-          on_epoch=None) -> dict:
+          on_epoch=None, prepared=None) -> dict:
     """Train; save a checkpoint to ``out`` (if given). ``on_epoch(epoch, val_mape)`` may raise to stop
-    (Optuna pruning). Returns the run's summary (metrics, split, paths)."""
+    (Optuna pruning). ``prepared`` is ``prepare(...)``'s result, for callers that train many times on
+    the same data (sweeps). Returns the run's summary (metrics, split, paths)."""
     from torch_geometric.loader import DataLoader
 
     log = log or (lambda msg: print(msg, file=sys.stderr))
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     seed_everything(cfg.seed)
-    measured, samples, split, parts = prepare(data_dir, cfg, log)
+    measured, samples, split, parts = prepared or prepare(data_dir, cfg, log)
     if not parts["train"] or not parts["val"]:
         raise UserError(f"need train and validation families; split: {split}")
     hardware = measured[0].hardware
@@ -197,7 +210,7 @@ def train(cfg: TrainConfig, data_dir: str | Path, out: str | Path | None, logger
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)
             optimizer.step()
-            total += float(loss) * batch.num_graphs
+            total += float(loss.detach()) * batch.num_graphs
             count += batch.num_graphs
         scheduler.step()
         train_mape = _step_mape(model, parts["train"])
@@ -215,6 +228,9 @@ def train(cfg: TrainConfig, data_dir: str | Path, out: str | Path | None, logger
         if epoch - best["epoch"] >= cfg.patience:
             log(f"early stop: no better validation MAPE for {cfg.patience} epochs")
             break
+    if best["state"] is None:
+        raise TrainingDiverged(f"training diverged: no epoch gave a finite validation MAPE (last: {val_mape}); "
+                               "lower the learning rate")
     model.load_state_dict(best["state"])
     train_s = time.perf_counter() - start
 

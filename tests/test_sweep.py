@@ -104,8 +104,8 @@ def test_cli_sweep_unreachable_database_is_one_line(synthetic_dir, capsys):
                      "--storage", "postgresql://nobody:secret@127.0.0.1:1/none"])
     err = capsys.readouterr().err
     assert code == 2
-    assert re.match(r"gnn-ptp sweep: error: cannot open the study database postgresql\+psycopg2?://nobody:\*\*\*@",
-                    err), err
+    expected = r"gnn-ptp sweep: error: cannot open the study database postgresql\+psycopg2?://nobody:\*\*\*@"
+    assert re.match(expected, err), err
     assert "secret" not in err and len(err.strip().splitlines()) == 1
 
 
@@ -131,8 +131,10 @@ def test_toml_round_trip_of_every_field():
 
 
 def _pg_binary(name: str) -> str | None:
-    found = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"), key=lambda p: int(p.split("/")[4]))
-    return shutil.which(name) or (found[-1] if found else None)
+    """On PATH, or where Debian/Ubuntu's postgresql package puts it (/usr/lib/postgresql/<version>/bin)."""
+    versions = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"),
+                      key=lambda p: [int(n) for n in re.findall(r"\d+", p)])
+    return shutil.which(name) or (versions[-1] if versions else None)
 
 
 def _free_port() -> int:
@@ -152,9 +154,6 @@ def postgres_url():
         pytest.skip("PostgreSQL server binaries (initdb, pg_ctl) not found: apt-get install postgresql")
     psycopg2 = pytest.importorskip("psycopg2")
     as_user: list[str] = []
-    root = Path(tempfile.mkdtemp(prefix="gnn-ptp-pg-"))
-    data, sockets, log = root / "data", root / "sockets", root / "server.log"
-    sockets.mkdir()
     if os.geteuid() == 0:
         try:
             user = pwd.getpwnam("postgres")
@@ -162,20 +161,25 @@ def postgres_url():
             pytest.skip("running as root and there is no 'postgres' user to run the server as")
         if not shutil.which("runuser"):
             pytest.skip("running as root and runuser (util-linux) is missing")
+        as_user = ["runuser", "-u", "postgres", "--"]
+    root = Path(tempfile.mkdtemp(prefix="gnn-ptp-pg-"))
+    data, sockets, log = root / "data", root / "sockets", root / "server.log"
+    sockets.mkdir()
+    if as_user:
         for path in (root, sockets):
             os.chown(path, user.pw_uid, user.pw_gid)
-        as_user = ["runuser", "-u", "postgres", "--"]
     port = _free_port()
 
-    def run(*argv, check=True):
-        return subprocess.run(as_user + [str(a) for a in argv], cwd=root, capture_output=True, text=True,
-                              timeout=60, check=check)
+    def run(*argv) -> None:
+        done = subprocess.run(as_user + [str(a) for a in argv], cwd=root, capture_output=True, text=True,
+                              timeout=60)
+        server_log = log.read_text() if log.exists() else ""
+        assert done.returncode == 0, f"{argv[:2]} failed:\n{done.stdout}{done.stderr}{server_log}"
 
     try:
         run(initdb, "-D", data, "-U", "postgres", "--auth=trust", "--locale=C", "-E", "UTF8", "--no-sync")
-        started = run(pg_ctl, "-D", data, "-l", log, "-w", "-t", "30",
-                      "-o", f"-h 127.0.0.1 -p {port} -k {sockets} -F", "start", check=False)
-        assert started.returncode == 0, started.stdout + started.stderr + (log.read_text() if log.exists() else "")
+        run(pg_ctl, "-D", data, "-l", log, "-w", "-t", "30", "-o", f"-h 127.0.0.1 -p {port} -k {sockets} -F",
+            "start")
         conn = psycopg2.connect(host="127.0.0.1", port=port, user="postgres", dbname="postgres")
         conn.autocommit = True
         with conn.cursor() as cur:
@@ -184,7 +188,8 @@ def postgres_url():
         yield f"postgresql://postgres@127.0.0.1:{port}/optuna"
     finally:
         if (data / "postmaster.pid").exists():
-            run(pg_ctl, "-D", data, "-m", "immediate", "-w", "stop", check=False)
+            subprocess.run(as_user + [pg_ctl, "-D", str(data), "-m", "fast", "-w", "stop"], cwd=root,
+                           capture_output=True, timeout=60)
         shutil.rmtree(root, ignore_errors=True)
 
 
@@ -194,7 +199,8 @@ def test_two_workers_share_one_postgresql_study(postgres_url, tmp_path):
     data = write_synthetic_dataset(tmp_path / "synthetic-cpu")
     workers = [subprocess.Popen(
         [sys.executable, str(TESTS / "sweep_worker.py"), "sweep", "--data", str(data), "--trials", "2",
-         "--epochs", "2", "--storage", postgres_url, "--study", "shared", "--seed", str(seed), "--threads", "1"],
+         "--epochs", "2", "--storage", postgres_url, "--study", "shared", "--seed", str(seed),
+         "--threads", "1"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for seed in (1, 2)]
     try:
         outputs = [w.communicate(timeout=120) for w in workers]

@@ -127,8 +127,8 @@ def test_train_logs_config_history_and_summary_offline(offline_wandb, synthetic_
 
 def test_cli_train_wandb_offline(offline_wandb, synthetic_dir, capsys):
     out = offline_wandb / "checkpoint"
-    code = cli.main(["train", "--data", str(synthetic_dir), "--out", str(out), "--epochs", "2", "--threads", "1",
-                     "--wandb", "--wandb-project", "gnn-ptp-test"])
+    code = cli.main(["train", "--data", str(synthetic_dir), "--out", str(out), "--epochs", "2",
+                     "--threads", "1", "--wandb", "--wandb-project", "gnn-ptp-test"])
     assert code == 0, capsys.readouterr().err
     assert (out / "model.pt").is_file() and (out / "meta.json").is_file()
     run = offline_run(offline_wandb)
