@@ -168,12 +168,12 @@ def attention_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_ma
     head_dim, v_dim = q.shape[-1], v.shape[-1]
     half = q.dtype in (torch.float16, torch.bfloat16)
     same_dtype = q.dtype == k.dtype == v.dtype
-    gqa = enable_gqa and q.shape[-3] != k.shape[-3]
     if (half and same_dtype and attn_mask is None and q.dim() == 4 and head_dim == k.shape[-1] == v_dim
             and head_dim <= 256):
         return "flash"
     align = 8 if half else 4
-    if (same_dtype and q.dim() == 4 and not gqa and q.dtype != torch.float64
+    # memory-efficient attention takes grouped-query attention too (sdp_utils.cpp: supports_gqa on CUDA)
+    if (same_dtype and q.dim() == 4 and q.dtype != torch.float64
             and head_dim % align == 0 and v_dim % align == 0):
         return "efficient"
     return "math"

@@ -26,8 +26,10 @@ from gnn_ptp import ops
 from gnn_ptp.precision import PRECISION_NAMES, get_precision
 from gnn_ptp.trace import OPTIMIZERS, PHASES, TracedStep
 
-FEATURE_VERSION = "3"  # 2: causal attention backward and grouped-conv backward FLOPs fixed
+FEATURE_VERSION = "4"  # 2: causal attention backward and grouped-conv backward FLOPs fixed
 # 3: float16 softmax with a float32 result is one kernel, as on CUDA
+# 4: CPU targets trace the single-tensor optimizer torch.optim runs on CPUs (step counters included);
+#    GradScaler's per-device copies; .backward() instead of autograd.grad
 NODE_FEATURES = 16
 FLOP_DTYPES = ("fp32", "tf32", "fp16", "bf16")
 GRAPH_FEATURE_NAMES = (
@@ -135,7 +137,7 @@ def _input_pairs(node: torch.fx.Node) -> list[tuple[torch.fx.Node, torch.Tensor]
 
     def walk(arg, val):
         if isinstance(arg, torch.fx.Node):
-            if isinstance(val, torch.Tensor):
+            if isinstance(val, (torch.Tensor, ops.TensorMeta)):
                 pairs.append((arg, val))
         elif isinstance(arg, (list, tuple)) and isinstance(val, (list, tuple)):
             for a, v in zip(arg, val):

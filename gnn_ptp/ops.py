@@ -172,18 +172,64 @@ class OpCost:
     """Tensor-core op whose inner dimensions are multiples of 8 (fp16/bf16) or 4 (tf32)."""
 
 
-def _tensors(x) -> list[torch.Tensor]:
-    out: list[torch.Tensor] = []
+class TensorMeta:
+    """What a recorded tensor was (shape, strides, dtype, device) without keeping the tensor alive.
+    Answers the few tensor methods the cost model asks."""
 
-    def visit(v):
-        if isinstance(v, torch.Tensor):
-            out.append(v)
-        elif isinstance(v, (list, tuple)):
-            for item in v:
-                visit(item)
+    __slots__ = ("shape", "dtype", "device", "_stride")
 
-    visit(x)
-    return out
+    def __init__(self, t: torch.Tensor):
+        self.shape, self.dtype, self.device, self._stride = t.shape, t.dtype, t.device, t.stride()
+
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    def element_size(self) -> int:
+        return self.dtype.itemsize
+
+    def dim(self) -> int:
+        return len(self.shape)
+
+    def stride(self) -> tuple[int, ...]:
+        return self._stride
+
+    def is_floating_point(self) -> bool:
+        return self.dtype.is_floating_point
+
+    def __repr__(self) -> str:
+        return f"TensorMeta({tuple(self.shape)}, {self.dtype})"
+
+
+def snapshot(x):
+    """``x`` with every tensor replaced by its ``TensorMeta`` (lists, tuples and dicts walked)."""
+    if isinstance(x, torch.Tensor):
+        return TensorMeta(x)
+    if isinstance(x, (list, tuple)):
+        return type(x)(snapshot(v) for v in x) if not hasattr(x, "_fields") else tuple(snapshot(v) for v in x)
+    if isinstance(x, dict):
+        return {k: snapshot(v) for k, v in x.items()}
+    return x
+
+
+def _shapes(x):
+    """``x`` with every tensor or TensorMeta replaced by its shape (what FLOP formulas read)."""
+    if isinstance(x, (torch.Tensor, TensorMeta)):
+        return x.shape
+    if isinstance(x, (list, tuple)):
+        return type(x)(_shapes(v) for v in x) if not hasattr(x, "_fields") else tuple(_shapes(v) for v in x)
+    if isinstance(x, dict):
+        return {k: _shapes(v) for k, v in x.items()}
+    return x
+
+
+def _tensors(x) -> list:
+    """Every tensor (or TensorMeta) in ``x``, walking lists and tuples. A plain recursive function on
+    purpose: a self-referencing closure would make a reference cycle that keeps the tensors alive."""
+    if isinstance(x, (torch.Tensor, TensorMeta)):
+        return [x]
+    if isinstance(x, (list, tuple)):
+        return [t for v in x for t in _tensors(v)]
+    return []
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -219,7 +265,7 @@ def _matmul_conv_flops(target, args, kwargs, out) -> float:
     if formula is None:
         return 0.0
     try:
-        return float(formula(*args, **kwargs, out_val=out))
+        return float(formula(*_shapes(args), **_shapes(kwargs), out_val=_shapes(out)))
     except Exception:  # a formula that does not know this overload: count nothing rather than guess
         return 0.0
 

@@ -16,13 +16,14 @@ import contextlib
 import dataclasses
 import functools
 import time
+import weakref
 from dataclasses import dataclass
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from gnn_ptp import cuda_dispatch
+from gnn_ptp import cuda_dispatch, ops
 from gnn_ptp.errors import UserError, closest
 from gnn_ptp.precision import get_precision
 from gnn_ptp.spec import ModelSpec, Shape, build
@@ -73,30 +74,40 @@ class _Recorder(TorchDispatchMode):
     autograd, composites decomposed) at a fifth of the cost: no proxies, no pytree specs, no codegen.
     Data flow is tracked by tensor identity; an op that writes an argument in place (``add_``,
     ``_foreach_mul_``) becomes that tensor's producer for later readers.
+
+    It holds no reference to a live tensor (nodes keep ``ops.TensorMeta`` snapshots, producers are
+    found through weak references): an extra reference would change what autograd does (it copies a
+    gradient it cannot steal) and the trace would hold kernels the real step never runs.
     """
 
     def __init__(self, graph: torch.fx.Graph, host: set[int]):
         super().__init__()
         self.graph = graph
-        self.producer: dict[int, torch.fx.Node] = {}
-        self.keep: list = []  # tensors stay alive so their ids are never reused during the trace
-        self.host = host      # ids of host-side tensors (optimizer step counters)
+        self.producer: dict[int, tuple[weakref.ref, torch.fx.Node]] = {}
+        self.host = host      # ids of host-side tensors (optimizer step counters), alive all along
         self.lifted: set[int] = set()
+        self.externals = 0
+
+    def node_of(self, t: torch.Tensor) -> torch.fx.Node | None:
+        entry = self.producer.get(id(t))
+        return entry[1] if entry is not None and entry[0]() is t else None
+
+    def _produced(self, t: torch.Tensor, node: torch.fx.Node) -> None:
+        self.producer[id(t)] = (weakref.ref(t), node)
 
     def placeholder(self, name: str, t: torch.Tensor) -> None:
         node = self.graph.placeholder(name)
-        node.meta["val"] = t
-        self.producer[id(t)] = node
-        self.keep.append(t)
+        node.meta["val"] = ops.TensorMeta(t)
+        self._produced(t, node)
 
     def _arg(self, x):
         if isinstance(x, torch.Tensor):
-            node = self.producer.get(id(x))
+            node = self.node_of(x)
             if node is None:
-                node = self.graph.placeholder(f"external_{len(self.keep)}")
-                node.meta["val"] = x
-                self.producer[id(x)] = node
-                self.keep.append(x)
+                self.externals += 1
+                node = self.graph.placeholder(f"external_{self.externals}")
+                node.meta["val"] = ops.TensorMeta(x)
+                self._produced(x, node)
             return node
         if isinstance(x, (list, tuple)):
             return type(x)(self._arg(v) for v in x)
@@ -118,11 +129,10 @@ class _Recorder(TorchDispatchMode):
             if arg.alias_info is not None and arg.alias_info.is_write:
                 written += _flat_tensors(args[i] if i < len(args) else kwargs.get(arg.name))
         outputs = _flat_tensors(out)
-        node.meta["val"] = out if outputs else written  # in-place ops: what they wrote
-        node.meta["in"] = (args, kwargs)                # the input tensors themselves, for costs
+        node.meta["val"] = ops.snapshot(out if outputs else written)  # in-place ops: what they wrote
+        node.meta["in"] = ops.snapshot((args, kwargs))                  # input shapes/dtypes, for costs
         for t in outputs + written:
-            self.producer[id(t)] = node
-            self.keep.append(t)
+            self._produced(t, node)
         if func in (torch.ops.aten.lift_fresh.default, torch.ops.aten.lift_fresh_copy.default):
             self.lifted.update(id(t) for t in _flat_tensors(out))
         return out
@@ -158,17 +168,18 @@ def _python_optimizer_steps(step_value: float):
         adam_module._get_value = original
 
 
-def _optimizer_update(name: str, params, grads, state, steps):
-    """The optimizer's foreach update, as ``torch.optim`` runs it on a GPU by default."""
+def _optimizer_update(name: str, params, grads, state, steps, foreach: bool):
+    """The optimizer's update as ``torch.optim`` runs it by default: the foreach kernels on a GPU, one
+    parameter at a time on a CPU."""
     if name == "sgd":
         from torch.optim.sgd import sgd
 
-        sgd(params, grads, state[0], foreach=True, weight_decay=0.0, momentum=0.9, lr=0.01,
+        sgd(params, grads, state[0], foreach=foreach, weight_decay=0.0, momentum=0.9, lr=0.01,
             dampening=0.0, nesterov=False, maximize=False)
         return
     from torch.optim.adam import adam
 
-    kwargs = dict(foreach=True, capturable=False, differentiable=False, fused=None,
+    kwargs = dict(foreach=foreach, capturable=False, differentiable=False, fused=None,
                   amsgrad=False, beta1=0.9, beta2=0.999, lr=1e-3, eps=1e-8, maximize=False)
     if name == "adamw":
         try:
@@ -223,7 +234,9 @@ def _trace_cached(config: StepConfig) -> TracedStep:
         # Adam's step counters live on the host (non-capturable foreach Adam): ops on them are no kernels
         steps = [torch.zeros((), dtype=torch.float32) for p in named_params.values() if p.requires_grad]
     graph = torch.fx.Graph()
-    recorder = _Recorder(graph, host={id(t) for t in steps})
+    # On a GPU, non-capturable optimizers keep their step counters on the host: no kernels. On a CPU,
+    # counting the step is one more op like the others.
+    recorder = _Recorder(graph, host={id(t) for t in steps} if config.target == "cuda" else set())
     for group, tensors in inputs.items():
         for i, t in enumerate(_flat_tensors(tensors)):
             recorder.placeholder(f"{group}_{i}", t)
@@ -245,22 +258,27 @@ def _trace_cached(config: StepConfig) -> TracedStep:
             if precision.grad_scaler:
                 loss = loss * scale
             mark("backward")
-            grads = torch.autograd.grad(loss, trainable, allow_unused=True)
+            # .backward() as users call it, not autograd.grad(): gradient accumulation into .grad
+            # copies the gradients it cannot steal (layout contract), and those copies are kernels too
+            loss.backward()
+            grads = [p.grad for p in trainable]
             mark("optimizer")
             for g in grads:  # which kernel finalises which gradient: for the all-reduce overlap model
-                node = recorder.producer.get(id(g)) if g is not None else None
+                node = recorder.node_of(g) if g is not None else None
                 if node is not None:
                     node.meta["grad_bytes"] = node.meta.get("grad_bytes", 0) + g.numel() * g.element_size()
             used = [i for i, g in enumerate(grads) if g is not None]
             pick = lambda xs: [xs[i] for i in used]  # noqa: E731  (unused parameters get no update)
             grads = pick(grads)
             with torch.no_grad():  # as in torch.optim: the update is not differentiated
-                if precision.grad_scaler:
-                    found_inf = torch.zeros((), dtype=torch.float32)
+                if precision.grad_scaler:  # GradScaler.unscale_, with its per-device copies
+                    found_inf = torch.full((), 0.0, dtype=torch.float32)
                     inv_scale = scale.double().reciprocal().float()
-                    torch._amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale)
+                    found_inf = found_inf.to(found_inf.device, copy=True)
+                    torch._amp_foreach_non_finite_check_and_unscale_(
+                        grads, found_inf, inv_scale.to(inv_scale.device, copy=True))
                 _optimizer_update(config.optimizer, pick(trainable), grads,
-                                  [pick(s) for s in inputs["state"]], pick(steps))
+                                  [pick(s) for s in inputs["state"]], pick(steps), foreach=config.target == "cuda")
                 if precision.grad_scaler:
                     torch._amp_update_scale_(scale, growth_tracker, found_inf, 2.0, 0.5, 2000)
     except UserError:

@@ -123,9 +123,9 @@ def compute_nodes(traced, phase: str | None = None):
 
 def out_dtypes(node) -> list[torch.dtype]:
     """Dtypes of what a node produced (or wrote in place)."""
-    from gnn_ptp.trace import _flat_tensors
+    from gnn_ptp.ops import _tensors
 
-    return [t.dtype for t in _flat_tensors(node.meta.get("val"))]
+    return [t.dtype for t in _tensors(node.meta.get("val"))]
 
 
 def nodes_named(traced, op: str, phase: str | None = None):

@@ -234,11 +234,6 @@ def test_sdpa_kernel(precision, kernel):
         assert not counts["bmm"]  # no math-path attention
 
 
-@pytest.mark.xfail(strict=True, reason="DISAGREEMENT (not fixed): cuda_dispatch.attention_backend refuses "
-                   "memory-efficient attention for grouped-query attention and falls back to the math path; "
-                   "torch's sdp_utils.cpp (can_use_mem_efficient_attention: supports_gqa = true on CUDA, "
-                   "false only on ROCm) runs GQA in the efficient kernel. A float32 Llama (GQA) traces a "
-                   "math-path attention (bmm, softmax, fp32 copies) instead of one efficient-attention kernel.")
 def test_gqa_float32_attention_uses_efficient_kernel():
     counts = canonical_ops(step(LLAMA, TEXT, "fp32"))
     assert counts["efficient_attention"] == 1 and not counts["bmm"]
@@ -270,7 +265,7 @@ def test_attention_backend_rules():
     kv = _meta(2, 2, 128, 64)
     assert backend(q, kv, kv, None, True) == "flash"  # GQA: flash handles it
     kv32 = _meta(2, 2, 128, 64, dtype=torch.float32)
-    assert backend(f, kv32, kv32, None, True) == "math"  # efficient attention does not
+    assert backend(f, kv32, kv32, None, True) == "efficient"  # and so does efficient attention on CUDA
     assert backend(q, _meta(2, 8, 128, 64, dtype=torch.float16), q, None, False) == "math"  # mixed dtypes
 
 
