@@ -130,6 +130,13 @@ def real_step(spec, shape, precision_name: str, device: str) -> list[tuple[str, 
             torch.cuda.synchronize()
 
     step()  # warm-up: the optimizer state exists, as in every later step
+    for _ in range(30):  # and, under amp-fp16, until the GradScaler stops skipping steps on overflow
+        if scaler is None:
+            break
+        before = scaler.get_scale()
+        step()
+        if scaler.get_scale() == before:
+            break
     recorder = _PhaseRecorder(device, precision)
     step(recorder)
     return recorder.kernels

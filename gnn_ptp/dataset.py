@@ -184,8 +184,8 @@ def family_split(families: list[str], seed: int, test_families=None, val_familie
             raise UserError(f"{name} families {unknown} are not in the data; families: {', '.join(families)}")
     rest = [f for f in families if f not in set(test_families or ()) | set(val_families or ())]
     random.Random(seed).shuffle(rest)
-    if test_families is None:
-        n = max(1, round(test_fraction * len(families)))
+    if test_families is None:  # test_fraction 0: nothing held out for testing (validation still is)
+        n = max(1, round(test_fraction * len(families))) if test_fraction > 0 else 0
         test_families, rest = rest[:n], rest[n:]
     if val_families is None:
         n = max(1, round(val_fraction * len(families)))

@@ -46,6 +46,10 @@ class ModelConfig:
     """False builds the precision-unaware baseline: graphs traced as fp32, whatever the precision."""
 
     def __post_init__(self):
+        for name in ("hidden", "depth", "heads"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise UserError(f"model {name} = {value!r} must be an integer")
         for name, allowed in (("layer", LAYERS), ("norm", NORMS), ("readout", READOUTS)):
             if getattr(self, name) not in allowed:
                 raise UserError(f"model {name} {getattr(self, name)!r} is not one of {', '.join(allowed)}")

@@ -48,9 +48,15 @@ class Prediction:
     compute_ms: float
     """forward + backward + optimizer on one GPU."""
     comm_exposed_ms: float
-    """All-reduce time not hidden behind the backward pass (0 until the all-reduce head lands)."""
+    """DDP all-reduce time not hidden behind the backward pass (gnn_ptp/comm.py; 0 for one GPU)."""
     iteration_ms: float
     """compute_ms + comm_exposed_ms: one step of the whole data-parallel job."""
+    comm_total_ms: float = 0.0
+    """All DDP all-reduce time of the step, hidden or not."""
+    allreduce_buckets: int = 0
+    """DDP gradient buckets (1 MiB first, then 25 MiB), one all-reduce each."""
+    fabric: str = ""
+    """Interconnect the all-reduce is modelled on (nvlink, infiniband); '' for one GPU or no model."""
     peak_memory_bytes: float | None = None
     fits_in_memory: bool | None = None
     params: int = 0
@@ -207,6 +213,28 @@ def _top_ops(log_node_ms: torch.Tensor, data, k: int = 5) -> list[dict]:
     return [{"op": op, "ms": ms} for op, ms in sorted(per_op.items(), key=lambda kv: -kv[1])[:k]]
 
 
+def _allreduce(hardware: str, gpus: int, tensors: dict, log_node_ms: torch.Tensor | None, backward_ms: float):
+    """DDP's all-reduce for ``gpus`` > 1 (gnn_ptp/comm.py) from the GNN's per-kernel backward times (a
+    ``pool`` checkpoint has none: gradients then become ready uniformly over ``backward_ms``), and the
+    notes a user should read. None where there is one GPU or no fabric model."""
+    from gnn_ptp import comm
+
+    if gpus == 1:
+        return None, []
+    fabric = comm.fabric_for(hardware, gpus)
+    if fabric is None:
+        return None, [f"{gpus} GPUs: no interconnect model for {hardware} (its data comes from one machine), "
+                      "so comm_exposed_ms is 0 and the iteration time is the compute time of one GPU"]
+    node_ms = None if log_node_ms is None else log_node_ms.double().exp().tolist()
+    ddp = comm.ddp_step_comm(tensors["phase"].tolist(), tensors["grad_bytes"].tolist(), fabric, gpus,
+                             node_ms=node_ms, backward_ms=backward_ms)
+    notes = []
+    if not fabric.is_measured(gpus):
+        notes.append(f"{gpus} GPUs: all-reduce times extrapolated from {fabric.measured_gpus}-GPU {fabric.name} "
+                     "measurements (latency ~ log2 GPUs, bus bandwidth held constant)")
+    return ddp, notes
+
+
 def predict_many(spec: str, precisions: list[str], batch_size: int, seq_len: int | None = None,
                  image_size: int | None = None, gpus: int = 1, hardware: str = "h100",
                  checkpoint: str | Path | None = None, optimizer: str = "adamw", overrides=None,
@@ -247,11 +275,14 @@ def predict_many(spec: str, precisions: list[str], batch_size: int, seq_len: int
     for i, (p, (tensors, info)) in enumerate(zip(precisions, graphs)):
         fwd, bwd, opt = out["log_phase_ms"][i].exp().tolist()
         compute = fwd + bwd + opt
-        comm = 0.0
         notes = _ood_warnings(tensors["u"], tensors, meta)
-        if gpus > 1:
-            notes.append(f"{gpus} GPUs: the all-reduce head has not landed, so comm_exposed_ms is 0 and "
-                         "the iteration time is the compute time of one GPU")
+        log_node_ms = None
+        if "log_node_ms" in out:
+            offset = int(sum(d.num_nodes for d in datas[:i]))
+            log_node_ms = out["log_node_ms"][offset:offset + datas[i].num_nodes]
+        ddp, comm_notes = _allreduce(hw_name, gpus, tensors, log_node_ms, bwd)
+        comm = ddp.exposed_ms if ddp is not None else 0.0
+        notes += comm_notes
         mem = float(out["log_memory"][i].exp())
         capacity = HARDWARE[hw_name].memory_bytes if hw_name in HARDWARE else None
         fits = None if capacity is None else mem <= capacity
@@ -266,9 +297,10 @@ def predict_many(spec: str, precisions: list[str], batch_size: int, seq_len: int
             iteration_ms=iteration, peak_memory_bytes=mem, fits_in_memory=fits,
             params=info["param_count"], flops=sum(info["summary"]["flops_by_phase"].values()),
             overrides=dict(parsed.overrides), checkpoint=str(ckpt_path), warnings=notes)
-        if "log_node_ms" in out:
-            offset = int(sum(d.num_nodes for d in datas[:i]))
-            pred.top_ops = _top_ops(out["log_node_ms"][offset:offset + datas[i].num_nodes], tensors)
+        if ddp is not None:
+            pred.comm_total_ms, pred.allreduce_buckets, pred.fabric = ddp.total_ms, ddp.buckets, ddp.fabric
+        if log_node_ms is not None:
+            pred.top_ops = _top_ops(log_node_ms, tensors)
         if total_steps is not None:
             pred.steps = total_steps
             pred.total_s = iteration * total_steps / 1e3
@@ -292,7 +324,8 @@ def format_predictions(preds: list[Prediction]) -> str:
     first = preds[0]
     dims = f"batch {first.batch_size}" + (f" x seq {first.seq_len}" if first.seq_len else "") + (
         f" x {first.image_size}px" if first.image_size else "")
-    lines = [f"{first.spec} on {first.gpus}x {first.hardware}, {dims} per GPU, {first.optimizer} "
+    over = f" over {first.fabric}" if first.fabric else ""
+    lines = [f"{first.spec} on {first.gpus}x {first.hardware}{over}, {dims} per GPU, {first.optimizer} "
              f"(checkpoint {first.checkpoint})", ""]
     head = f"{'precision':<15}{'forward':>10}{'backward':>10}{'optimizer':>10}{'compute':>10}{'comm':>8}" \
            f"{'iteration':>11}{'peak mem':>10}"

@@ -50,6 +50,10 @@ class TrainConfig:
     """torch CPU threads for training (None: torch's default)."""
 
     def __post_init__(self):
+        for name in ("batch_size", "epochs", "patience", "seed"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise UserError(f"training config: {name} = {value!r} must be an integer")
         checks = {"lr": self.lr > 0, "batch_size": self.batch_size >= 1, "epochs": self.epochs >= 1,
                   "patience": self.patience >= 1, "weight_decay": self.weight_decay >= 0,
                   "test_fraction": 0 <= self.test_fraction < 1, "val_fraction": 0 <= self.val_fraction < 1,
@@ -66,7 +70,10 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, d: dict) -> "TrainConfig":
         d = dict(d)
-        model = ModelConfig(**_checked(d.pop("model", {}) or {}, ModelConfig, "[model]"))
+        model = d.pop("model", {}) or {}
+        if not isinstance(model, dict):
+            raise UserError(f"training config: 'model' must be a [model] table, not {model!r}")
+        model = ModelConfig(**_checked(model, ModelConfig, "[model]"))
         d = _checked(d, cls, "training config")
         for key in ("test_families", "val_families"):
             if isinstance(d.get(key), str):
@@ -99,8 +106,9 @@ def load_train_config(path: str | Path | None) -> TrainConfig:
         raise UserError(f"training config {path}: {e}") from None
 
 
-class TrainingDiverged(RuntimeError):
-    """No epoch produced a finite validation error (NaN losses): a config to fail, not to crash on."""
+class TrainingDiverged(UserError):
+    """No epoch produced a finite validation error (NaN losses): the config's fault (learning rate),
+    reported as one line; a sweep marks such a trial failed and goes on."""
 
 
 def seed_everything(seed: int) -> None:

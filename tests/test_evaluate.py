@@ -1,0 +1,173 @@
+"""``gnn-ptp evaluate`` (gnn_ptp/evaluate.py) on a checkpoint trained on the SYNTHETIC dataset (made-up
+graphs and times, see synthetic_data.py) with ``gnn-ptp train --baselines``: the JSON shape, the
+baselines, the table, the parity plot and the CLI."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from gnn_ptp import cli, dataset, metrics
+from gnn_ptp.errors import UserError
+from gnn_ptp.evaluate import evaluate, format_table
+from gnn_ptp.train import predict_samples
+
+from synthetic_data import FAMILIES, load_synthetic_graphs, write_synthetic_dataset
+
+SUMMARY_KEYS = {"mape", "median_ape", "p90_ape", "n"}
+CONFIG = "epochs = 3\nthreads = 1\nseed = 2\n[model]\nhidden = 16\ndepth = 1\n"
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """(data folder, checkpoint with baselines/precision_unaware/, checkpoint without), trained once."""
+    root = tmp_path_factory.mktemp("evaluate")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(dataset, "load_graphs", load_synthetic_graphs)
+        data = write_synthetic_dataset(root / "synthetic-cpu")
+        (root / "small.toml").write_text(CONFIG)
+        for name, extra in (("with-baselines", ["--baselines"]), ("plain", [])):
+            code = cli.main(["train", "--data", str(data), "--config", str(root / "small.toml"),
+                             "--out", str(root / name), *extra])
+            assert code == 0
+    assert (root / "with-baselines" / "baselines" / "precision_unaware" / "meta.json").is_file()
+    return data, root / "with-baselines", root / "plain"
+
+
+@pytest.fixture(autouse=True)
+def synthetic_graphs(monkeypatch):
+    monkeypatch.setattr(dataset, "load_graphs", load_synthetic_graphs)
+
+
+def _check_report(r: dict, families: set[str]) -> None:
+    assert set(r) >= {"overall", "per_precision", "per_family"}
+    assert set(r["overall"]) == SUMMARY_KEYS
+    for key in ("mape", "median_ape", "p90_ape"):
+        assert type(r["overall"][key]) is float and r["overall"][key] >= 0
+    assert type(r["overall"]["n"]) is int
+    assert set(r["per_precision"]) == {"fp32", "amp-bf16"}
+    assert set(r["per_family"]) == families
+    for group in ("per_precision", "per_family"):
+        assert all(set(v) == SUMMARY_KEYS for v in r[group].values())
+        assert sum(v["n"] for v in r[group].values()) == r["overall"]["n"]
+
+
+def test_evaluate_json_shape_with_every_baseline(trained):
+    data, ckpt, _ = trained
+    logs = []
+    r = evaluate(ckpt, data, log=logs.append)
+    meta = json.loads((ckpt / "meta.json").read_text())
+    held_out = {f for f, s in meta["split"].items() if s == "test"}
+    assert r["split"] == "test" and r["hardware"] == "cpu" and set(r["held_out_families"]) == held_out
+    _check_report(r, held_out)
+    assert r["overall"]["n"] == 4 * len(held_out)
+    assert set(r["baselines"]) == {"roofline", "graph_totals_ridge", "precision_unaware"}
+    for report in r["baselines"].values():
+        _check_report(report, held_out)
+    assert set(r["per_phase"]) == {"forward", "backward", "optimizer"}
+    assert r["memory"]["n"] == 3 * len(held_out)  # index 0 of each family has no peak memory
+    assert r["winner"] in {"gnn", *r["baselines"]}
+    assert r["gnn_vs_best_baseline"]["baseline"] in r["baselines"]
+    assert r["trained_on_data_hash"] == r["data_hash"] == meta["data_hash"]
+    assert not any("no precision-unaware baseline" in line for line in logs)
+    json.loads(json.dumps(r))  # plain JSON: no numpy numbers
+
+
+def test_evaluate_numbers_are_the_checkpoint_s_errors_on_the_held_out_families(trained):
+    from gnn_ptp import checkpoint
+
+    data, ckpt, _ = trained
+    r = evaluate(ckpt, data, log=lambda m: None)
+    model, meta = checkpoint.load(ckpt)
+    measured = dataset.measured_configs(data)
+    test = [s for s in dataset.make_samples(measured, load_synthetic_graphs(data, measured))
+            if meta["split"][s.family] == "test"]
+    p = predict_samples(model, test)
+    want = metrics.summarize(metrics.ape(p["pred_ms"][:, 3], p["true_ms"][:, 3]))
+    assert r["overall"] == pytest.approx(want)
+    assert r["overall"]["mape"] == pytest.approx(meta["metrics"]["test"]["overall"]["mape"])
+
+
+def test_without_a_baselines_folder_the_unaware_baseline_is_left_out(trained):
+    data, _, plain = trained
+    logs = []
+    r = evaluate(plain, data, log=logs.append)
+    assert set(r["baselines"]) == {"roofline", "graph_totals_ridge"}
+    assert any("no precision-unaware baseline" in line and "--baselines" in line for line in logs)
+
+
+@pytest.mark.parametrize("split", ["val", "train", "all"])
+def test_other_splits(trained, split):
+    data, ckpt, _ = trained
+    meta = json.loads((ckpt / "meta.json").read_text())
+    r = evaluate(ckpt, data, split=split, log=lambda m: None)
+    families = set(FAMILIES) if split == "all" else {f for f, s in meta["split"].items() if s == split}
+    assert set(r["per_family"]) == families and r["overall"]["n"] == 4 * len(families)
+    assert r["held_out_families"] is None
+
+
+def test_families_new_since_training_count_as_held_out(trained, tmp_path):
+    data, ckpt, _ = trained
+    grown = shutil.copytree(data, tmp_path / "grown")
+    write_synthetic_dataset(grown, families=("syn-eta",))
+    r = evaluate(ckpt, grown, log=lambda m: None)
+    assert "syn-eta" in r["per_family"] and "syn-eta" in r["held_out_families"]
+    assert r["data_hash"] != r["trained_on_data_hash"]
+
+
+def test_bad_split_and_other_hardware_are_user_errors(trained, tmp_path):
+    data, ckpt, _ = trained
+    with pytest.raises(UserError, match="--split 'holdout'"):
+        evaluate(ckpt, data, split="holdout")
+    other = tmp_path / "h100-data"
+    other.mkdir()
+    rows = [json.loads(line) for line in (data / "synthetic.jsonl").read_text().splitlines()]
+    for row in rows:
+        row["env"]["hardware"] = "h100"
+    (other / "synthetic.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    with pytest.raises(UserError, match="predicts 'cpu'.*is 'h100'"):
+        evaluate(ckpt, other, log=lambda m: None)
+
+
+def test_plot_writes_a_png(trained, tmp_path):
+    data, ckpt, _ = trained
+    png = tmp_path / "plots" / "parity.png"
+    r = evaluate(ckpt, data, split="all", plot=str(png), log=lambda m: None)
+    assert r["plot"] == str(png)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+
+
+def test_format_table_mentions_every_predictor(trained):
+    data, ckpt, _ = trained
+    r = evaluate(ckpt, data, log=lambda m: None)
+    table = format_table(r)
+    for label in ("gnn (precision-aware)", "gnn, precision-unaware", "roofline", "ridge on graph totals"):
+        assert label in table
+    for family in r["per_family"]:
+        assert family in table
+    assert "fp32" in table and "amp-bf16" in table
+    assert f"{r['overall']['mape']:5.1f}%" in table
+    assert "winner:" in table
+
+
+def test_cli_evaluate_json_parses(trained, capsys):
+    data, ckpt, _ = trained
+    code = cli.main(["evaluate", "--checkpoint", str(ckpt), "--data", str(data), "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    r = json.loads(out)
+    assert set(r["overall"]) == SUMMARY_KEYS
+    assert {"roofline", "graph_totals_ridge", "precision_unaware"} == set(r["baselines"])
+    code = cli.main(["evaluate", "--checkpoint", str(ckpt), "--data", str(data)])
+    out, err = capsys.readouterr()
+    assert code == 0 and "ridge on graph totals" in out
+
+
+def test_cli_evaluate_missing_checkpoint_is_one_line(trained, tmp_path, capsys):
+    data, _, _ = trained
+    code = cli.main(["evaluate", "--checkpoint", str(tmp_path / "none"), "--data", str(data)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("gnn-ptp evaluate: error: no checkpoint at")
+    assert len(err.strip().splitlines()) == 1
