@@ -298,7 +298,7 @@ def add_predict_parser(sub) -> None:
 
 def run_predict(args) -> int:
     from gnn_ptp.precision import PRECISION_NAMES
-    from gnn_ptp.predict import format_predictions, predict_many
+    from gnn_ptp.prediction import format_predictions, predict_many
 
     precisions = list(PRECISION_NAMES) if args.precision == "all" else [args.precision]
     preds = predict_many(args.spec, precisions, args.batch_size, seq_len=args.seq_len,

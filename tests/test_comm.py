@@ -211,7 +211,7 @@ def synthetic_graphs(monkeypatch):
     """predict's graphs without tracing: one synthetic graph per precision, backward gradients x 20 (MBs)."""
     from synthetic_data import synthetic_graph
 
-    import gnn_ptp.predict as predict_mod
+    import gnn_ptp.prediction as predict_mod
 
     def fake(configs, use_disk_cache=True):
         out = []
@@ -230,7 +230,7 @@ def test_predict_adds_exposed_allreduce(tmp_path, synthetic_graphs):
     from torch_geometric.data import Batch, Data
 
     from gnn_ptp import checkpoint
-    from gnn_ptp.predict import predict_many
+    from gnn_ptp.prediction import predict_many
 
     ckpt = _checkpoint(tmp_path, "h100")
     preds = predict_many("random:mlp:3", ["fp32", "amp-bf16"], 4, gpus=8, checkpoint=ckpt)
@@ -258,14 +258,14 @@ def test_predict_adds_exposed_allreduce(tmp_path, synthetic_graphs):
 
 
 def test_predict_pool_readout_uses_uniform_backward(tmp_path, synthetic_graphs):
-    from gnn_ptp.predict import predict_many
+    from gnn_ptp.prediction import predict_many
 
     pred = predict_many("random:mlp:3", ["fp32"], 4, gpus=8, checkpoint=_checkpoint(tmp_path, "h100", "pool"))[0]
     assert pred.comm_exposed_ms > 0 and pred.fabric == "nvlink"
 
 
 def test_predict_cpu_checkpoint_has_no_fabric(tmp_path, synthetic_graphs):
-    from gnn_ptp.predict import predict_many
+    from gnn_ptp.prediction import predict_many
 
     pred = predict_many("random:mlp:3", ["fp32"], 4, gpus=8, checkpoint=_checkpoint(tmp_path, "cpu"))[0]
     assert pred.comm_exposed_ms == 0.0 and pred.fabric == "" and pred.iteration_ms == pred.compute_ms

@@ -15,12 +15,12 @@ import pytest
 import torch
 
 import gnn_ptp
-import gnn_ptp.predict as predict_mod
+import gnn_ptp.prediction as predict_mod
 from gnn_ptp import cli, dataset
 from gnn_ptp.errors import UserError
 from gnn_ptp.model import ModelConfig
 from gnn_ptp.precision import PRECISION_NAMES
-from gnn_ptp.predict import predict
+from gnn_ptp.prediction import predict
 from gnn_ptp.train import TrainConfig, train, train_ranges
 
 from synthetic_data import load_synthetic_graphs, write_synthetic_dataset
@@ -82,17 +82,10 @@ def _traced(precision: str = "amp-bf16", batch_size: int = 8, target: str = "cpu
 
 # --- the documented entry point ------------------------------------------------------------------------
 
-ENTRY_POINT_BUG = ("BUG: gnn_ptp/__init__.py's lazy __getattr__('predict') collides with the submodule "
-                   "gnn_ptp/predict.py: RecursionError in a fresh process, and once the submodule is "
-                   "imported gnn_ptp.predict is that module, not the function (README: gnn_ptp.predict(...))")
-
-
-@pytest.mark.xfail(strict=True, reason=ENTRY_POINT_BUG)
 def test_gnn_ptp_predict_is_the_function_after_the_submodule_is_imported():
-    assert callable(gnn_ptp.predict)  # this module imported gnn_ptp.predict above, as the CLI does
+    assert callable(gnn_ptp.predict)  # this module imported gnn_ptp.prediction above, as the CLI does
 
 
-@pytest.mark.xfail(strict=True, reason=ENTRY_POINT_BUG)
 def test_gnn_ptp_predict_resolves_in_a_fresh_process():
     import subprocess
     import sys
@@ -173,8 +166,6 @@ def test_job_steps_from_epochs_and_dataset_size(ckpt):
     assert p.cost is None  # no price given
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: predict_many rounds epochs * dataset_size / batch up in floating "
-                   "point: 1.1 * 50000 / 100 = 550.0000000000001 -> 551 steps, not 550")
 def test_job_steps_from_epochs_are_not_inflated_by_float_rounding(ckpt):
     p = predict(SPEC, batch_size=100, checkpoint=ckpt, epochs=1.1, dataset_size=50000)
     assert p.steps == 550
@@ -259,8 +250,6 @@ def test_missing_default_checkpoint_is_one_line_naming_what_is_shipped(ckpt, tmp
     assert "shipped: " in message and "madeup-gpu" in message and "--checkpoint" in message
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: default_checkpoint looks in $GNN_PTP_CHECKPOINTS but lists "
-                   "only checkpoints/ beside the package and in the cwd as shipped")
 def test_missing_default_checkpoint_names_those_in_gnn_ptp_checkpoints(ckpt, tmp_path, monkeypatch):
     shutil.copytree(ckpt, tmp_path / "mine" / "cpu")
     monkeypatch.setenv("GNN_PTP_CHECKPOINTS", str(tmp_path / "mine"))

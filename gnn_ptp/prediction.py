@@ -88,19 +88,20 @@ def default_checkpoint(hardware: str) -> Path:
     for path in candidates:
         if (path / "meta.json").is_file():
             return path
-    shipped = sorted(p.parent.name for c in candidates[-2:] for p in c.parent.glob("*/meta.json"))
+    shipped = sorted(p.parent.name for c in candidates for p in c.parent.glob("*/meta.json"))
     raise UserError(f"no {hardware} checkpoint is shipped yet (looked in {candidates[-2].parent}); "
                     f"shipped: {', '.join(sorted(set(shipped))) or 'none'} -- use --hardware with one of "
                     f"them or --checkpoint PATH")
 
 
-_MODELS: dict[str, tuple] = {}
+_MODELS: dict[tuple, tuple] = {}
 
 
 def _load_checkpoint(path: Path):
     from gnn_ptp import checkpoint
 
-    key = str(path.resolve())
+    weights = path / "model.pt"
+    key = (str(path.resolve()), weights.stat().st_mtime_ns if weights.exists() else 0)  # retrained: reload
     if key not in _MODELS:
         _MODELS[key] = checkpoint.load(path)
     return _MODELS[key]
@@ -269,8 +270,8 @@ def predict_many(spec: str, precisions: list[str], batch_size: int, seq_len: int
     from gnn_ptp.hardware import HARDWARE
 
     total_steps = steps
-    if epochs is not None:
-        total_steps = math.ceil(epochs * dataset_size / (batch_size * gpus))
+    if epochs is not None:  # rounded first: 1.1 epochs x 50000 / 100 is 550 steps, not 551
+        total_steps = math.ceil(round(epochs * dataset_size / (batch_size * gpus), 6))
     results = []
     for i, (p, (tensors, info)) in enumerate(zip(precisions, graphs)):
         fwd, bwd, opt = out["log_phase_ms"][i].exp().tolist()
