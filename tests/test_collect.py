@@ -4,6 +4,7 @@ folder-name check, grids, the record reader; and a real two-process DDP run unde
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -390,10 +391,19 @@ def test_ddp_two_processes_gloo(grid, tmp_path):
     grid.write_text(TINY_GRID.replace('["fp32", "bf16", "tf32"]', '["fp32"]').replace("[2, 4]", "[4]"))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     start = time.perf_counter()
-    proc = subprocess.run(
+    # its own process group, so that a timeout kills torchrun's workers too (no orphaned ranks)
+    proc = subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
          "-m", "gnn_ptp", "collect", "--ddp", "--grid", str(grid), "--out", str(out), *FAST_ARGS],
-        capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
+        start_new_session=True)
+    try:
+        _, stderr = proc.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        _, stderr = proc.communicate()
+        pytest.fail(f"torchrun did not finish in 300 s:\n{stderr[-3000:]}")
+    proc.stderr = stderr
     elapsed = time.perf_counter() - start
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = list(records.iter_records(out / "tiny-ddp.jsonl"))
