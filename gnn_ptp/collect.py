@@ -142,6 +142,18 @@ def _proc_status(field: str) -> int:
     return 0
 
 
+def _agree(stop: bool, ddp: dict | None) -> bool:
+    """Under DDP every rank must run the same number of steps (each step is a collective): rank 0's
+    decision is everyone's. Without this, ranks whose clocks disagree at the threshold deadlock."""
+    if not ddp:
+        return stop
+    import torch.distributed as dist
+
+    flag = [stop]
+    dist.broadcast_object_list(flag, src=0)
+    return bool(flag[0])
+
+
 def _is_oom(e: BaseException) -> bool:
     if isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError":
         return True
@@ -229,7 +241,7 @@ def measure(config: dict, device: torch.device, cfg: CollectConfig, ddp: dict | 
                 if n >= cfg.min_steps and n % 5 == 0:
                     if device.type == "cuda":
                         torch.cuda.synchronize()
-                    if time.perf_counter() - timed_start >= want_s:
+                    if _agree(time.perf_counter() - timed_start >= want_s, ddp):
                         break
             durations = timer.durations_ms()
             timed_s = time.perf_counter() - timed_start
