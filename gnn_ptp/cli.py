@@ -297,10 +297,9 @@ def add_predict_parser(sub) -> None:
 
 
 def run_predict(args) -> int:
-    from gnn_ptp.precision import PRECISION_NAMES
     from gnn_ptp.prediction import format_predictions, predict_many
 
-    precisions = list(PRECISION_NAMES) if args.precision == "all" else [args.precision]
+    precisions = [args.precision]  # "all": every class the checkpoint was trained on
     preds = predict_many(args.spec, precisions, args.batch_size, seq_len=args.seq_len,
                          image_size=args.image_size, gpus=args.gpus, hardware=args.hardware,
                          checkpoint=args.checkpoint, optimizer=args.optimizer, overrides=args.overrides,

@@ -145,7 +145,10 @@ def _map(fn, jobs: list):
         return
     import multiprocessing
 
-    with multiprocessing.get_context("fork").Pool(workers, maxtasksperchild=50) as pool:
+    from gnn_ptp.prediction import _single_threaded
+
+    with multiprocessing.get_context("fork").Pool(workers, maxtasksperchild=50,
+                                                  initializer=_single_threaded) as pool:
         yield from pool.imap(fn, jobs, chunksize=1)
 
 

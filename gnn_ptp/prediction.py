@@ -180,8 +180,14 @@ def _trace_groups(groups: list[list[StepConfig]]) -> list[list[tuple[dict, dict]
     import multiprocessing
 
     # fork after the imports: each child traces its precision classes without paying for them again
-    with multiprocessing.get_context("fork").Pool(workers) as pool:
+    with multiprocessing.get_context("fork").Pool(workers, initializer=_single_threaded) as pool:
         return pool.map(_build_group, groups, chunksize=1)
+
+
+def _single_threaded() -> None:
+    """In a forked worker: OpenMP's thread team does not survive fork() (a parallel region, such as the
+    copy that sends a tensor back, would wait forever on it), so the worker runs torch on one thread."""
+    torch.set_num_threads(1)
 
 
 # --- prediction ------------------------------------------------------------------------------------
@@ -251,11 +257,20 @@ def predict_many(spec: str, precisions: list[str], batch_size: int, seq_len: int
         raise UserError("--epochs needs --dataset-size (samples per epoch)")
     if steps is not None and epochs is not None:
         raise UserError("give --steps or --epochs, not both")
-    for p in precisions:
-        get_precision(p)
     ckpt_path = Path(checkpoint) if checkpoint else default_checkpoint(hardware)
     model, meta = _load_checkpoint(ckpt_path)
     hw_name = meta["hardware"]
+    trained = trained_precisions(meta)
+    if precisions == ["all"]:
+        precisions = trained
+    untrained = {}
+    for p in precisions:
+        get_precision(p)
+        if p not in trained:
+            untrained[p] = (f"the {hw_name} checkpoint never saw {p} in training (only {', '.join(trained)}): "
+                            "this prediction is an extrapolation" + (
+                                "; a CPU has no TF32 and trains in fp16 autocast rarely"
+                                if hw_name == "cpu" else ""))
     parsed = parse_spec(spec, overrides, task)
     shape = Shape(batch_size, seq_len, image_size)
     configs = [StepConfig(parsed, shape, p, optimizer, meta.get("trace_target", "cuda")) for p in precisions]
@@ -276,7 +291,7 @@ def predict_many(spec: str, precisions: list[str], batch_size: int, seq_len: int
     for i, (p, (tensors, info)) in enumerate(zip(precisions, graphs)):
         fwd, bwd, opt = out["log_phase_ms"][i].exp().tolist()
         compute = fwd + bwd + opt
-        notes = _ood_warnings(tensors["u"], tensors, meta)
+        notes = ([untrained[p]] if p in untrained else []) + _ood_warnings(tensors["u"], tensors, meta)
         log_node_ms = None
         if "log_node_ms" in out:
             offset = int(sum(d.num_nodes for d in datas[:i]))
@@ -317,8 +332,18 @@ def predict(spec: str, precision: str = "amp-bf16", batch_size: int = 8, **kwarg
 
     ``precision="all"`` returns a list with one ``Prediction`` per precision class."""
     if precision == "all":
-        return predict_many(spec, list(PRECISION_NAMES), batch_size, **kwargs)
+        return predict_many(spec, ["all"], batch_size, **kwargs)
     return predict_many(spec, [precision], batch_size, **kwargs)[0]
+
+
+def trained_precisions(meta: dict) -> list[str]:
+    """The precision classes a checkpoint saw in training, read off the precision one-hot graph
+    features of its training ranges (a CPU checkpoint: fp32, amp-bf16, bf16)."""
+    u_max = (meta.get("train_ranges") or {}).get("u_max")
+    if not u_max:
+        return list(PRECISION_NAMES)
+    names = graph_mod.GRAPH_FEATURE_NAMES
+    return [p for p in PRECISION_NAMES if u_max[names.index(f"precision={p}")] > 0.5]
 
 
 def format_predictions(preds: list[Prediction]) -> str:
@@ -334,7 +359,8 @@ def format_predictions(preds: list[Prediction]) -> str:
         "" if first.cost is None else f"{'cost':>10}"))
     fastest = min(preds, key=lambda p: p.iteration_ms)
     for p in preds:
-        mem = f"{p.peak_memory_bytes / 1e9:.1f} GB" if p.peak_memory_bytes else "-"
+        mem = "-" if not p.peak_memory_bytes else (
+            f"{p.peak_memory_bytes / 1e9:.1f} GB" if p.peak_memory_bytes >= 1e9 else f"{p.peak_memory_bytes / 1e6:.0f} MB")
         row = (f"{p.precision:<15}{p.forward_ms:>8.1f}ms{p.backward_ms:>8.1f}ms{p.optimizer_ms:>8.1f}ms"
                f"{p.compute_ms:>8.1f}ms{p.comm_exposed_ms:>6.1f}ms{p.iteration_ms:>9.1f}ms{mem:>10}")
         if p.total_s is not None:
