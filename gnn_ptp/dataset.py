@@ -25,7 +25,7 @@ import torch
 from gnn_ptp import graph as graph_mod
 from gnn_ptp.errors import UserError
 from gnn_ptp.records import iter_records
-from gnn_ptp.store import atomic_torch_save
+from gnn_ptp.store import atomic_torch_save, from_bytes, to_bytes
 
 PHASE_KEYS = ("forward_ms", "backward_ms", "optimizer_ms", "step_ms")
 _DATA_FIELDS = ("x", "x_cat", "edge_index", "edge_attr", "u", "phase", "grad_bytes")
@@ -119,7 +119,7 @@ def load_graphs(data_dir: str | Path, measured: list[Measured], precision_aware:
             failures[m.key] = result[:500]
             log(f"  skipped {m.config['spec']} ({m.config['precision']}): {result}"[:300])
         else:
-            cache[m.key] = result
+            cache[m.key] = from_bytes(result)
         if i % 50 == 0 or i == len(missing):
             atomic_torch_save({**cache, _FAILED: failures}, path)
             log(f"  {i}/{len(missing)} traced ({time.perf_counter() - start:.0f} s)")
@@ -128,9 +128,11 @@ def load_graphs(data_dir: str | Path, measured: list[Measured], precision_aware:
     return cache
 
 
-def _graph_or_error(job) -> dict | str:
+def _graph_or_error(job) -> bytes | str:
+    """Graph tensors serialised to bytes (torch's own tensor sharing between processes passes file
+    descriptors that die with the worker), or why the config would not trace."""
     try:
-        return graph_tensors(*job)
+        return to_bytes(graph_tensors(*job))
     except Exception as e:
         return f"{type(e).__name__}: {e}"
 

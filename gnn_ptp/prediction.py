@@ -24,6 +24,7 @@ from gnn_ptp import ops
 from gnn_ptp.errors import UserError
 from gnn_ptp.precision import PRECISION_NAMES, get_precision
 from gnn_ptp.spec import Shape, parse_spec
+from gnn_ptp.store import from_bytes, to_bytes
 from gnn_ptp.trace import StepConfig
 
 _DATA_FIELDS = ("x", "x_cat", "edge_index", "edge_attr", "u", "phase", "grad_bytes")
@@ -173,6 +174,11 @@ def _build_group(configs: list[StepConfig]) -> list[tuple[dict, dict]]:
     return [_build_graph(c) for c in configs]
 
 
+def _build_group_bytes(configs: list[StepConfig]) -> bytes:
+    """For a forked worker: results as bytes, not tensors shared through file descriptors."""
+    return to_bytes(_build_group(configs))
+
+
 def _trace_groups(groups: list[list[StepConfig]]) -> list[list[tuple[dict, dict]]]:
     workers = min(len(groups), os.cpu_count() or 1)
     if workers <= 1 or sys.platform != "linux":
@@ -181,7 +187,7 @@ def _trace_groups(groups: list[list[StepConfig]]) -> list[list[tuple[dict, dict]
 
     # fork after the imports: each child traces its precision classes without paying for them again
     with multiprocessing.get_context("fork").Pool(workers, initializer=_single_threaded) as pool:
-        return pool.map(_build_group, groups, chunksize=1)
+        return [from_bytes(b) for b in pool.map(_build_group_bytes, groups, chunksize=1)]
 
 
 def _single_threaded() -> None:

@@ -32,13 +32,26 @@ def atomic_write_json(obj, path: str | os.PathLike) -> None:
 
 
 def atomic_torch_save(obj, path: str | os.PathLike) -> None:
+    atomic_write_bytes(to_bytes(obj), path)
+
+
+def to_bytes(obj) -> bytes:
+    """Tensors (in dicts, lists, tuples) to bytes, for crossing a process boundary safely."""
     import io
 
     import torch
 
     buffer = io.BytesIO()
     torch.save(obj, buffer)
-    atomic_write_bytes(buffer.getvalue(), path)
+    return buffer.getvalue()
+
+
+def from_bytes(data: bytes):
+    import io
+
+    import torch
+
+    return torch.load(io.BytesIO(data), weights_only=True)
 
 
 def append_line(line: str, path: str | os.PathLike) -> None:
