@@ -30,7 +30,7 @@ from gnn_ptp import ops  # noqa: E402
 from gnn_ptp.collect import make_optimizer  # noqa: E402
 from gnn_ptp.precision import get_precision  # noqa: E402
 from gnn_ptp.spec import Shape, build, parse_spec  # noqa: E402
-from gnn_ptp.trace import StepConfig, trace_step  # noqa: E402
+from gnn_ptp.trace import StepConfig, _flat_tensors, trace_step, written_tensors  # noqa: E402
 
 MODELS = {
     "llama-7b-width-2-layers": ("hf:llama", ["num_hidden_layers=2"], Shape(1, 1024)),
@@ -79,27 +79,14 @@ class _PhaseRecorder(TorchDispatchMode):
         out = func(*args, **kwargs)
         if func.namespace == "prim" or ops.canonical(func) in ops.FREE_OPS:
             return out
-        written = []
-        for i, arg in enumerate(func._schema.arguments):
-            if arg.alias_info is not None and arg.alias_info.is_write:
-                written += _flat(args[i] if i < len(args) else kwargs.get(arg.name))
-        val = out if _flat(out) else written
-        tensors = _flat((args, kwargs)) + _flat(val)
+        written = written_tensors(func, args, kwargs)
+        val = out if _flat_tensors(out) else written
+        tensors = _flat_tensors((args, kwargs)) + _flat_tensors(val)
         if any(t.device.type == self.device for t in tensors):  # host-side ops are no kernels
             node = SimpleNamespace(target=func, meta={"in": (args, kwargs), "val": val})
             cost = ops.op_cost(node, self.precision)
             self.kernels.append((self.phase, cost.op, cost.dtype))
         return out
-
-
-def _flat(x) -> list:
-    if isinstance(x, torch.Tensor):
-        return [x]
-    if isinstance(x, (list, tuple)):
-        return [t for v in x for t in _flat(v)]
-    if isinstance(x, dict):
-        return [t for v in x.values() for t in _flat(v)]
-    return []
 
 
 def real_step(spec, shape, precision_name: str, device: str) -> list[tuple[str, str, str]]:

@@ -124,10 +124,7 @@ class _Recorder(TorchDispatchMode):
             self.host.update(id(t) for t in _flat_tensors(out))
             return out  # runs on the host: not a GPU kernel
         node = self.graph.call_function(func, self._arg(args), {k: self._arg(v) for k, v in kwargs.items()})
-        written = []
-        for i, arg in enumerate(func._schema.arguments):
-            if arg.alias_info is not None and arg.alias_info.is_write:
-                written += _flat_tensors(args[i] if i < len(args) else kwargs.get(arg.name))
+        written = written_tensors(func, args, kwargs)
         outputs = _flat_tensors(out)
         node.meta["val"] = ops.snapshot(out if outputs else written)  # in-place ops: what they wrote
         node.meta["in"] = ops.snapshot((args, kwargs))                  # input shapes/dtypes, for costs
@@ -136,6 +133,15 @@ class _Recorder(TorchDispatchMode):
         if func in (torch.ops.aten.lift_fresh.default, torch.ops.aten.lift_fresh_copy.default):
             self.lifted.update(id(t) for t in _flat_tensors(out))
         return out
+
+
+def written_tensors(func, args, kwargs) -> list[torch.Tensor]:
+    """The tensors an op writes in place (``add_``'s self, every list of ``_foreach_mul_``), per its schema."""
+    written = []
+    for i, arg in enumerate(func._schema.arguments):
+        if arg.alias_info is not None and arg.alias_info.is_write:
+            written += _flat_tensors(args[i] if i < len(args) else kwargs.get(arg.name))
+    return written
 
 
 def _flat_tensors(x) -> list[torch.Tensor]:
