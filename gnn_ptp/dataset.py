@@ -147,11 +147,17 @@ def _map(fn, jobs: list):
         return
     import multiprocessing
 
-    from gnn_ptp.prediction import _single_threaded
+    from gnn_ptp.prediction import _fork_refused, _single_threaded
 
+    done = 0
     with multiprocessing.get_context("fork").Pool(workers, maxtasksperchild=50,
                                                   initializer=_single_threaded) as pool:
-        yield from pool.imap(fn, jobs, chunksize=1)
+        for result in pool.imap(fn, jobs, chunksize=1):
+            if done == 0 and isinstance(result, str) and _fork_refused(RuntimeError(result)):
+                break  # this process ran autograd before: forked children cannot; trace here
+            done += 1
+            yield result
+    yield from map(fn, jobs[done:])
 
 
 def make_samples(measured: list[Measured], graphs: dict[str, dict]) -> list:

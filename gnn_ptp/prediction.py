@@ -186,8 +186,23 @@ def _trace_groups(groups: list[list[StepConfig]]) -> list[list[tuple[dict, dict]
     import multiprocessing
 
     # fork after the imports: each child traces its precision classes without paying for them again
-    with multiprocessing.get_context("fork").Pool(workers, initializer=_single_threaded) as pool:
-        return [from_bytes(b) for b in pool.map(_build_group_bytes, groups, chunksize=1)]
+    try:
+        with multiprocessing.get_context("fork").Pool(workers, initializer=_single_threaded) as pool:
+            return [from_bytes(b) for b in pool.map(_build_group_bytes, groups, chunksize=1)]
+    except Exception as e:
+        if not _fork_refused(e):
+            raise
+        return [_build_group(g) for g in groups]  # this process ran autograd before: trace here
+
+
+def _fork_refused(e: BaseException) -> bool:
+    """A forked child cannot run autograd once the parent has (its engine threads do not survive fork):
+    the trace then happens in this process instead."""
+    while e is not None:
+        if "Autograd-and-Fork" in str(e) or "autograd's threading" in str(e):
+            return True
+        e = e.__cause__
+    return False
 
 
 def _single_threaded() -> None:
