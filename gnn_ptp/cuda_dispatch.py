@@ -12,7 +12,8 @@ in PyTorch's dispatcher (with ``torch.library``, undone on exit):
    The casts are real ``_to_copy`` ops, so autograd gives the backward pass the right dtypes.
 2. **Attention.** ``scaled_dot_product_attention`` picks the kernel an H100 picks: flash attention for
    fp16/bf16 with head_dim <= 256 and no arbitrary mask, memory-efficient attention otherwise when the
-   head dim is aligned, the math path last.
+   head dim is aligned (and, for grouped-query attention, when this torch's kernel takes it: 2.14 on),
+   the math path last.
 3. **Fused kernels.** CUDA runs dropout as one ``native_dropout`` kernel (the CPU composes bernoulli,
    div and mul), ``rms_norm`` as ``_fused_rms_norm`` (the CPU decomposes it), and a float16 input's
    float32 softmax as one ``_softmax(half_to_float=True)`` (the CPU casts first).
@@ -172,11 +173,33 @@ def attention_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_ma
             and head_dim <= 256):
         return "flash"
     align = 8 if half else 4
-    # memory-efficient attention takes grouped-query attention too (sdp_utils.cpp: supports_gqa on CUDA)
+    grouped = enable_gqa and q.dim() == 4 and q.shape[-3] != k.shape[-3]
     if (same_dtype and q.dim() == 4 and q.dtype != torch.float64
-            and head_dim % align == 0 and v_dim % align == 0):
+            and head_dim % align == 0 and v_dim % align == 0
+            and (not grouped or efficient_attention_supports_gqa())):
         return "efficient"
     return "math"
+
+
+@functools.cache
+def efficient_attention_supports_gqa() -> bool:
+    """Whether this torch's memory-efficient attention takes grouped-query attention (fewer key/value
+    heads than query heads). Torch 2.14 added it; before that sdp_utils.cpp refused GQA for the kernel
+    and the H100 fell back to the math path. We ask the installed torch (its meta kernel for the
+    backward, which gained per-tensor head counts with the feature) rather than compare version
+    strings, so the trace follows the torch the user will train with."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes():  # a probe, not part of any trace that may be recording
+        q = torch.empty(1, 4, 8, 8, device="meta")
+        kv = torch.empty(1, 2, 8, 8, device="meta")
+        try:
+            out, lse, seed, offset = aten._scaled_dot_product_efficient_attention(q, kv, kv, None, True)
+            grads = aten._scaled_dot_product_efficient_attention_backward(
+                out, q, kv, kv, None, out, lse, seed, offset, 0.0, [True, True, True, False])
+        except RuntimeError:
+            return False
+    return tuple(grads[1].shape) == tuple(kv.shape)
 
 
 def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
@@ -245,6 +268,7 @@ def cuda_semantics(autocast_dtype: torch.dtype | None):
     ``autocast_dtype`` is the autocast dtype of the precision class, or None when autocast is off.
     Yields a callable that opens an autocast region (use it around forward + loss only, as users do).
     """
+    efficient_attention_supports_gqa()  # probe (cached) before any trace starts recording
     lib = torch.library.Library("aten", "IMPL")
     state = _Autocast(autocast_dtype or torch.bfloat16)
     try:

@@ -133,9 +133,11 @@ def format_table(r: dict) -> str:
         o = rows[n]["overall"]
         lines.append(f"{label.get(n, n):<26}{pct(o['mape']):>8}{pct(o['median_ape']):>8}{pct(o['p90_ape']):>8}"
                      f"{o['n']:>6}")
+    short = {"gnn": "gnn", "precision_unaware": "unaware gnn", "roofline": "roofline",
+             "graph_totals_ridge": "ridge"}
     for group in ("per_precision", "per_family"):
         keys = list(r[group])
-        lines += ["", f"{'MAPE ' + group[4:]:<20}" + "".join(f"{label.get(n, n)[:14]:>16}" for n in names)]
+        lines += ["", f"{'MAPE ' + group[4:]:<20}" + "".join(f"{short.get(n, n)[:14]:>16}" for n in names)]
         for k in keys:
             lines.append(f"{k:<20}" + "".join(f"{pct(rows[n][group].get(k, {}).get('mape')):>16}" for n in names))
     phases = ", ".join(f"{k} {pct(v['mape']).strip()}" for k, v in r["per_phase"].items())

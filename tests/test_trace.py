@@ -234,9 +234,17 @@ def test_sdpa_kernel(precision, kernel):
         assert not counts["bmm"]  # no math-path attention
 
 
-def test_gqa_float32_attention_uses_efficient_kernel():
+def test_gqa_float32_attention_kernel_follows_installed_torch():
     counts = canonical_ops(step(LLAMA, TEXT, "fp32"))
-    assert counts["efficient_attention"] == 1 and not counts["bmm"]
+    if cuda_dispatch.efficient_attention_supports_gqa():  # torch >= 2.14
+        assert counts["efficient_attention"] == 1 and not counts["bmm"]
+    else:  # the math path: key/value heads repeated, then two batched matmuls each way
+        assert not counts["efficient_attention"] and counts["bmm"] >= 2
+
+
+def test_efficient_attention_gqa_probe_matches_torch_version():
+    major_minor = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+    assert cuda_dispatch.efficient_attention_supports_gqa() == (major_minor >= (2, 14))
 
 
 def test_flash_attention_causal_flag():
@@ -265,7 +273,8 @@ def test_attention_backend_rules():
     kv = _meta(2, 2, 128, 64)
     assert backend(q, kv, kv, None, True) == "flash"  # GQA: flash handles it
     kv32 = _meta(2, 2, 128, 64, dtype=torch.float32)
-    assert backend(f, kv32, kv32, None, True) == "efficient"  # and so does efficient attention on CUDA
+    gqa_kernel = "efficient" if cuda_dispatch.efficient_attention_supports_gqa() else "math"
+    assert backend(f, kv32, kv32, None, True) == gqa_kernel  # efficient attention takes GQA from 2.14
     assert backend(q, _meta(2, 8, 128, 64, dtype=torch.float16), q, None, False) == "math"  # mixed dtypes
 
 
