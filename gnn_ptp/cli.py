@@ -278,6 +278,105 @@ def run_sweep(args) -> int:
 # --- predict ---------------------------------------------------------------------------------------
 
 
+def _bytes(text: str) -> int:
+    """64M, 64MiB, 1G, 4096 -> bytes (K/M/G are powers of 1024, as nccl-tests' -b/-e)."""
+    t = text.strip().upper().removesuffix("IB").removesuffix("B")
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}.get(t[-1:], 1)
+    try:
+        value = float(t[:-1] if mult > 1 else t) * mult
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size (e.g. 4096, 64K, 25M, 1G)") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1 byte")
+    return int(value)
+
+
+def _procs(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of process counts") from None
+    if not values or min(values) < 2:
+        raise argparse.ArgumentTypeError(f"{text!r}: every process count must be at least 2")
+    return values
+
+
+def add_comm_parser(sub) -> None:
+    p = sub.add_parser("comm", help="predicted time of one all-reduce, as nccl-tests reports it",
+                       description="Predict one all-reduce of --bytes over --gpus ranks with an interconnect "
+                                   "profile: time, algbw, busbw, the fit used. Compare with any published "
+                                   "all_reduce_perf table. --list shows the profiles and their fit errors.")
+    p.add_argument("--bytes", type=_bytes, help="message size: 4096, 64K, 25M, 1G")
+    p.add_argument("--gpus", type=_positive_int, help="ranks taking part")
+    p.add_argument("--nodes", type=_positive_int, help="nodes they are on (default: 8 GPUs a node)")
+    p.add_argument("--interconnect", help="shipped profile name or a calibrate-comm file "
+                                          "(default: h100-nvswitch on one node, h100-ib-ndr400 beyond)")
+    p.add_argument("--list", action="store_true", help="list the profiles with their fits and errors")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(run=run_comm)
+
+
+def run_comm(args) -> int:
+    from gnn_ptp import interconnect
+    from gnn_ptp.calibrate import format_profile
+
+    if args.list:
+        profiles = interconnect.builtin()
+        if args.json:
+            print(json.dumps({n: p.to_dict() for n, p in profiles.items()}, indent=1))
+        else:
+            print("\n\n".join(format_profile(p) for p in profiles.values()))
+        return 0
+    if args.bytes is None or args.gpus is None:
+        raise UserError("give --bytes and --gpus (or --list)")
+    profile = (interconnect.load(args.interconnect) if args.interconnect
+               else interconnect.default_for("h100", args.gpus, args.nodes))
+    r = profile.allreduce(args.bytes, args.gpus, args.nodes)
+    if args.json:
+        print(json.dumps(r.to_dict(), indent=1))
+        return 0
+    from gnn_ptp.comm import format_bytes
+
+    print(f"all-reduce of {format_bytes(r.message_bytes)} over {r.gpus} ranks on {r.nodes} node(s), "
+          f"{r.interconnect}")
+    print(f"{'size (B)':>14}{'time (us)':>12}{'algbw (GB/s)':>14}{'busbw (GB/s)':>14}  algorithm")
+    print(f"{int(r.message_bytes):>14}{r.time_us:>12.1f}{r.algbw_GBps:>14.2f}{r.busbw_GBps:>14.2f}  "
+          f"{r.algorithm} [{r.level}]")
+    if not r.measured:
+        print(f"note: {r.gpus} ranks is not a measured world size of {r.level}: extrapolated "
+              "(latency ~ log2 ranks, bus bandwidth held)")
+    return 0
+
+
+def add_calibrate_parser(sub) -> None:
+    p = sub.add_parser("calibrate-comm", help="measure all-reduce times and write an interconnect profile",
+                       description="Under torchrun (NCCL on GPUs, gloo otherwise) every rank measures and rank "
+                                   "0 writes --out; without torchrun it starts --procs gloo processes on this "
+                                   "machine. Fits already in --out at other world sizes are kept.")
+    p.add_argument("--out", type=lambda s: __import__("pathlib").Path(s), required=True,
+                   help="profile file to write (JSON); predict/comm --interconnect read it")
+    p.add_argument("--name", help="profile name (default: the file name)")
+    p.add_argument("--procs", type=_procs, help="world sizes to start here without torchrun (default 2)")
+    p.add_argument("--min-bytes", type=_bytes, help="smallest message (default 4K)")
+    p.add_argument("--max-bytes", type=_bytes, help="largest message (default 64M)")
+    p.add_argument("--fit-min-bytes", type=_bytes, help="fit the line from this size up (default 1M)")
+    p.add_argument("--min-time-s", type=_positive_float, help="timed calls per size fill this long (default 0.2)")
+    p.add_argument("--description", help="what this profile is (hosts, network)")
+    p.add_argument("--hardware", type=lambda s: tuple(x for x in s.split(",") if x),
+                   help="hardware labels this profile is the default for (comma-separated, e.g. cpu)")
+    p.set_defaults(run=run_calibrate)
+
+
+def run_calibrate(args) -> int:
+    from gnn_ptp.calibrate import calibrate, config_from_args, format_profile
+
+    profile = calibrate(config_from_args(args))
+    if profile is not None:
+        print(format_profile(profile))
+        print(f"wrote {args.out}")
+    return 0
+
+
 def add_predict_parser(sub) -> None:
     p = sub.add_parser("predict", help="predict the time of a training step (and job) on a GPU",
                        description="Trace the model's training step and predict forward, backward, optimizer "
@@ -285,6 +384,15 @@ def add_predict_parser(sub) -> None:
     add_model_args(p)
     p.add_argument("--precision", default="amp-bf16", help=PRECISION_HELP + " or all (default amp-bf16)")
     p.add_argument("--gpus", type=_positive_int, default=1, help="data-parallel GPUs (default 1)")
+    p.add_argument("--nodes", type=_positive_int, help="nodes the GPUs are on (default: 8 GPUs a node)")
+    p.add_argument("--interconnect", help="interconnect profile name or calibrate-comm file (default: the "
+                                          "hardware's: h100-nvswitch / h100-ib-ndr400; cpu-gloo)")
+    p.add_argument("--bucket-cap-mb", type=_positive_float, default=25.0,
+                   help="DDP bucket_cap_mb (default 25; the first bucket is 1 MiB)")
+    p.add_argument("--grad-accum", type=_positive_int, default=1,
+                   help="micro-steps per optimizer step; DDP all-reduces once per optimizer step (default 1)")
+    p.add_argument("--grad-compression", choices=["none", "fp16", "bf16"], default="none",
+                   help="DDP communication hook that all-reduces fp32 gradients in half precision")
     p.add_argument("--hardware", default="h100", help="which shipped checkpoint: h100 (default), cpu, ...")
     p.add_argument("--checkpoint", help="checkpoint folder (overrides --hardware)")
     p.add_argument("--steps", type=_positive_int, help="steps in the job: prints the job's time")
@@ -301,7 +409,10 @@ def run_predict(args) -> int:
 
     precisions = [args.precision]  # "all": every class the checkpoint was trained on
     preds = predict_many(args.spec, precisions, args.batch_size, seq_len=args.seq_len,
-                         image_size=args.image_size, gpus=args.gpus, hardware=args.hardware,
+                         image_size=args.image_size, gpus=args.gpus, nodes=args.nodes,
+                         interconnect=args.interconnect, bucket_cap_mb=args.bucket_cap_mb,
+                         grad_accum=args.grad_accum, grad_compression=args.grad_compression,
+                         hardware=args.hardware,
                          checkpoint=args.checkpoint, optimizer=args.optimizer, overrides=args.overrides,
                          task=args.task, steps=args.steps, epochs=args.epochs, dataset_size=args.dataset_size,
                          gpu_hour_cost=args.gpu_hour_cost, use_disk_cache=not args.no_cache)
@@ -338,6 +449,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_evaluate_parser(sub)
     add_sweep_parser(sub)
     add_predict_parser(sub)
+    add_comm_parser(sub)
+    add_calibrate_parser(sub)
     return parser
 
 

@@ -58,6 +58,7 @@ class FitReport:
     """All rows >= 1 MiB, fitted, held out, or beyond the fit range."""
     max_rel_err_below_1MiB: float
     """Small messages, where the line is not meant to hold (latency-bound, other NCCL algorithms)."""
+    held_out_median_rel_err: float = float("nan")
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,9 @@ class Fabric:
     """Largest world size this fabric serves (None: no limit)."""
     source: str = ""
     fit: FitReport | None = None
+    algorithm: str = "ring"
+    """What the line stands for, as ``gnn-ptp comm`` reports it. The fit is one line through whatever
+    NCCL (or gloo) chose at each size (ring, tree, NVLS): the measurements cannot separate them."""
 
     def __post_init__(self):
         if not self.alpha_us >= 0:
@@ -100,6 +104,18 @@ class Fabric:
 
     def is_measured(self, gpus: int) -> bool:
         return gpus == self.measured_gpus
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Fabric":
+        d = dict(d)
+        fit = d.pop("fit", None)
+        if fit is not None:
+            fit = FitReport(**{**fit, "fit_range_bytes": tuple(fit["fit_range_bytes"]),
+                               "held_out_sizes_bytes": tuple(fit["held_out_sizes_bytes"])})
+        return cls(**d, fit=fit)
 
 
 # --- the fit ----------------------------------------------------------------------------------------
@@ -127,7 +143,8 @@ def _lstsq_relative(sizes: list[float], times: list[float]) -> tuple[float, floa
 
 
 def fit_fabric(name: str, description: str, rows: list[dict], gpus: int, max_gpus: int | None = None,
-               fit_range_bytes: tuple[int, int] = FIT_RANGE_BYTES, hold_out_every: int = HOLD_OUT_EVERY) -> Fabric:
+               fit_range_bytes: tuple[int, int] = FIT_RANGE_BYTES, hold_out_every: int = HOLD_OUT_EVERY,
+               algorithm: str = "ring", min_gpus: int = 2) -> Fabric:
     """Fit ``t = alpha + 2(p-1)/p * S / busbw`` to the rows measured at ``gpus`` ranks (all sources pooled),
     holding every ``hold_out_every``-th message size >= the fit range's start out of the fit."""
     rows = [r for r in rows if r["gpus"] == gpus]
@@ -139,8 +156,8 @@ def fit_fabric(name: str, description: str, rows: list[dict], gpus: int, max_gpu
         raise ValueError(f"fabric {name!r}: fewer than 2 message sizes to fit at {gpus} GPUs")
     alpha_us, slope = _lstsq_relative([r["message_bytes"] for r in fit_rows], [r["time_us"] for r in fit_rows])
     busbw_GBps = 2 * (gpus - 1) / gpus / slope / 1e3
-    fabric = Fabric(name, description, max(alpha_us, 0.0), busbw_GBps, gpus, max_gpus=max_gpus,
-                    source="; ".join(sorted({r["source"] for r in rows})))
+    fabric = Fabric(name, description, max(alpha_us, 0.0), busbw_GBps, gpus, min_gpus=min_gpus, max_gpus=max_gpus,
+                    source="; ".join(sorted({r["source"] for r in rows})), algorithm=algorithm)
 
     def err(selected):
         return [abs(fabric.allreduce_us(r["message_bytes"], gpus) / r["time_us"] - 1) for r in selected] or [0.0]
@@ -150,6 +167,7 @@ def fit_fabric(name: str, description: str, rows: list[dict], gpus: int, max_gpu
         fit_range_bytes=(lo, hi), fit_rows=len(fit_rows),
         held_out_rows=sum(r["message_bytes"] in held for r in rows), held_out_sizes_bytes=tuple(sorted(held)),
         held_out_max_rel_err=max(held_err), held_out_mean_rel_err=sum(held_err) / len(held_err),
+        held_out_median_rel_err=_median(held_err),
         fit_max_rel_err=max(err(fit_rows)),
         max_rel_err_above_1MiB=max(err([r for r in rows if r["message_bytes"] >= 1 << 20])),
         max_rel_err_below_1MiB=max(err([r for r in rows if r["message_bytes"] < 1 << 20])))
@@ -162,9 +180,10 @@ def fabrics() -> dict[str, Fabric]:
     rows = load_measurements()
     return {
         "nvlink": fit_fabric("nvlink", "one node of 8 H100 SXM on NVLink4/NVSwitch (DGX/HGX H100)", rows,
-                             gpus=8, max_gpus=GPUS_PER_NODE),
+                             gpus=8, max_gpus=GPUS_PER_NODE, algorithm="nccl ring/nvls (fitted line)"),
         "infiniband": fit_fabric("infiniband", "nodes of 8 H100 SXM, NVLink4 inside, NDR InfiniBand between "
-                                 "(measured on 4 nodes)", rows, gpus=32),
+                                 "(measured on 4 nodes)", rows, gpus=32,
+                                 algorithm="nccl hierarchical ring/tree (fitted line)"),
     }
 
 
@@ -221,14 +240,16 @@ def make_buckets(grad_bytes: list[float], ready_ms: list[float], first_bucket_by
 
 def ddp_allreduce(grad_bytes: list[float], node_ms: list[float], fabric: Fabric, gpus: int,
                   first_bucket_bytes: float = FIRST_BUCKET_BYTES,
-                  bucket_cap_bytes: float = BUCKET_CAP_BYTES) -> DDPComm:
+                  bucket_cap_bytes: float = BUCKET_CAP_BYTES, overlap: bool = True) -> DDPComm:
     """Exposed all-reduce time of a DDP step from its backward kernels, in execution order.
 
     ``node_ms[i]`` is kernel i's time and ``grad_bytes[i]`` the parameter-gradient bytes it finalises (in
     the parameter dtype: 4 bytes a parameter under fp32 / tf32 / AMP, 2 under pure bf16). Kernel i's
     gradients are ready when it ends (the running sum of node_ms). Each bucket's all-reduce starts when
     the bucket is ready and the previous all-reduce is done (one NCCL stream), overlapping the rest of
-    the backward; the optimizer waits for the last one."""
+    the backward; the optimizer waits for the last one. ``overlap=False`` (gloo on a CPU whose cores the
+    backward already fills: the reduction competes for the same cores) runs every all-reduce after the
+    backward, so all of it is exposed."""
     if len(grad_bytes) != len(node_ms):
         raise ValueError(f"grad_bytes has {len(grad_bytes)} entries, node_ms {len(node_ms)}: one per kernel")
     ready_ms = list(_running_sum(node_ms))
@@ -239,20 +260,23 @@ def ddp_allreduce(grad_bytes: list[float], node_ms: list[float], fabric: Fabric,
     comm_free_ms = total_ms = 0.0
     for nbytes, ready in buckets:
         duration_ms = fabric.allreduce_us(nbytes, gpus) / 1e3
-        comm_free_ms = max(comm_free_ms, ready) + duration_ms
+        comm_free_ms = max(comm_free_ms, ready if overlap else backward_ms) + duration_ms
         total_ms += duration_ms
     return DDPComm(max(comm_free_ms - backward_ms, 0.0), total_ms, len(buckets), backward_ms, fabric.name,
                    [b for b, _ in buckets], [r for _, r in buckets])
 
 
 def ddp_step_comm(phase: list[int], grad_bytes: list[float], fabric: Fabric, gpus: int,
-                  node_ms: list[float] | None = None, backward_ms: float | None = None) -> DDPComm:
+                  node_ms: list[float] | None = None, backward_ms: float | None = None,
+                  first_bucket_bytes: float = FIRST_BUCKET_BYTES, bucket_cap_bytes: float = BUCKET_CAP_BYTES,
+                  overlap: bool = True, grad_scale: float = 1.0) -> DDPComm:
     """``ddp_allreduce`` on a whole step's graph (nodes in execution order, ``phase`` 1 = backward).
 
     With per-node times (``node_ms``, every node) the backward nodes' own times are used. Without them
     (a ``pool`` readout predicts phase totals only) every backward kernel gets an equal share of
     ``backward_ms``: gradients become ready uniformly over the backward time, in the traced order.
-    Gradient bytes on a non-backward node (none are expected) count as ready at the end of the backward."""
+    Gradient bytes on a non-backward node (none are expected) count as ready at the end of the backward.
+    ``grad_scale`` multiplies every gradient's bytes (0.5: an fp16/bf16 compression hook on fp32 grads)."""
     bwd = [i for i, ph in enumerate(phase) if ph == 1]
     if node_ms is not None:
         times = [float(node_ms[i]) for i in bwd]
@@ -260,12 +284,18 @@ def ddp_step_comm(phase: list[int], grad_bytes: list[float], fabric: Fabric, gpu
         times = [backward_ms / len(bwd)] * len(bwd) if bwd else []
     else:
         raise ValueError("ddp_step_comm needs node_ms (per-node times) or backward_ms (the phase total)")
-    nbytes = [float(grad_bytes[i]) for i in bwd]
-    late = sum(float(b) for i, b in enumerate(grad_bytes) if phase[i] != 1)
+    nbytes = [float(grad_bytes[i]) * grad_scale for i in bwd]
+    late = sum(float(b) for i, b in enumerate(grad_bytes) if phase[i] != 1) * grad_scale
     if late > 0:
         times.append(0.0)
         nbytes.append(late)
-    return ddp_allreduce(nbytes, times, fabric, gpus)
+    return ddp_allreduce(nbytes, times, fabric, gpus, first_bucket_bytes, bucket_cap_bytes, overlap)
+
+
+def _median(values: list[float]) -> float:
+    v = sorted(values)
+    mid = len(v) // 2
+    return v[mid] if len(v) % 2 else (v[mid - 1] + v[mid]) / 2
 
 
 def _running_sum(values):
@@ -275,15 +305,46 @@ def _running_sum(values):
         yield total
 
 
+SIZE_RANGES_BYTES = ((0, 1 << 20), (1 << 20, 16 << 20), (16 << 20, 256 << 20), (256 << 20, 1 << 30),
+                     (1 << 30, 1 << 62))
+
+
+def error_by_size_range(fabric: Fabric, rows: list[dict]) -> list[dict]:
+    """Median and max relative error of ``fabric`` on ``rows`` measured at its world size, per message-size
+    range (the line is fitted on 1 MiB - 1 GiB; below that NCCL's latency-bound algorithms take over)."""
+    out = []
+    for lo, hi in SIZE_RANGES_BYTES:
+        sel = [r for r in rows if r["gpus"] == fabric.measured_gpus and lo <= r["message_bytes"] < hi]
+        if not sel:
+            continue
+        errs = [abs(fabric.allreduce_us(r["message_bytes"], r["gpus"]) / r["time_us"] - 1) for r in sel]
+        out.append({"range_bytes": (lo, hi), "n": len(sel), "median_rel_err": _median(errs),
+                    "max_rel_err": max(errs)})
+    return out
+
+
+def format_bytes(n: float) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:g} {unit}"
+    return f"{n:g} B"
+
+
 def fit_table() -> str:
     """The fitted fabrics and their errors, one line each (``python -m gnn_ptp.comm``)."""
     lines = []
     for f in fabrics().values():
         r = f.fit
         lines.append(f"{f.name:<11} {f.measured_gpus:>3} GPUs  alpha {f.alpha_us:6.1f} us  "
-                     f"busbw {f.busbw_GBps:6.1f} GB/s  held-out max {r.held_out_max_rel_err:.1%} mean {r.held_out_mean_rel_err:.1%} "
+                     f"busbw {f.busbw_GBps:6.1f} GB/s  held-out median {r.held_out_median_rel_err:.1%} max "
+                     f"{r.held_out_max_rel_err:.1%} mean {r.held_out_mean_rel_err:.1%} "
                      f"({r.held_out_rows} rows)  fit max {r.fit_max_rel_err:.1%}  >=1MiB max "
                      f"{r.max_rel_err_above_1MiB:.1%}  <1MiB max {r.max_rel_err_below_1MiB:.1%}")
+        for e in error_by_size_range(f, load_measurements()):
+            lo, hi = e["range_bytes"]
+            top = "" if hi >= 1 << 62 else format_bytes(hi)
+            lines.append(f"    {format_bytes(lo) if lo else '0':>8} - {top:<8} n {e['n']:>3}  median "
+                         f"{e['median_rel_err']:6.1%}  max {e['max_rel_err']:6.1%}")
     return "\n".join(lines)
 
 

@@ -44,20 +44,32 @@ class Prediction:
     gpus: int
     hardware: str
     forward_ms: float
+    """One micro-batch's forward pass (with --grad-accum k there are k per step)."""
     backward_ms: float
+    """One micro-batch's backward pass."""
     optimizer_ms: float
     compute_ms: float
-    """forward + backward + optimizer on one GPU."""
+    """k x (forward + backward) + optimizer on one GPU (k = grad_accum), times compute_slowdown."""
     comm_exposed_ms: float
-    """DDP all-reduce time not hidden behind the backward pass (gnn_ptp/comm.py; 0 for one GPU)."""
+    """DDP all-reduce time not hidden behind the last backward pass (gnn_ptp/comm.py; 0 for one GPU)."""
     iteration_ms: float
-    """compute_ms + comm_exposed_ms: one step of the whole data-parallel job."""
+    """compute_ms + comm_exposed_ms: one optimizer step of the whole data-parallel job."""
     comm_total_ms: float = 0.0
     """All DDP all-reduce time of the step, hidden or not."""
     allreduce_buckets: int = 0
-    """DDP gradient buckets (1 MiB first, then 25 MiB), one all-reduce each."""
+    """DDP gradient buckets (1 MiB first, then bucket_cap_mb), one all-reduce each."""
     fabric: str = ""
-    """Interconnect the all-reduce is modelled on (nvlink, infiniband); '' for one GPU or no model."""
+    """The all-reduce fit used (nvlink, infiniband, ...); '' for one GPU or no model."""
+    nodes: int = 1
+    interconnect: str = ""
+    """The interconnect profile (h100-nvswitch, h100-ib-ndr400, cpu-gloo or a calibrated file's name)."""
+    grad_accum: int = 1
+    global_batch_size: int = 0
+    """batch_size x gpus x grad_accum: samples per optimizer step."""
+    scaling_efficiency: float = 1.0
+    """One GPU's time for its share of the step over the data-parallel iteration time (1.0: perfect)."""
+    compute_slowdown: float = 1.0
+    """> 1 where ranks share a node's compute (a CPU with more ranks than cores)."""
     peak_memory_bytes: float | None = None
     fits_in_memory: bool | None = None
     params: int = 0
@@ -241,25 +253,63 @@ def _top_ops(log_node_ms: torch.Tensor, data, k: int = 5) -> list[dict]:
     return [{"op": op, "ms": ms} for op, ms in sorted(per_op.items(), key=lambda kv: -kv[1])[:k]]
 
 
-def _allreduce(hardware: str, gpus: int, tensors: dict, log_node_ms: torch.Tensor | None, backward_ms: float):
+@dataclass
+class DataParallel:
+    """How the step is spread: data-parallel ranks, nodes, interconnect, DDP settings."""
+
+    gpus: int = 1
+    nodes: int | None = None
+    interconnect: str | None = None
+    """Profile name or file; None: the hardware's default."""
+    bucket_cap_mb: float = 25.0
+    grad_accum: int = 1
+    grad_compression: str = "none"
+    """none, fp16 or bf16: DDP's fp16/bf16 compress hook all-reduces fp32 gradients at half the bytes."""
+
+    def validate(self) -> None:
+        if self.gpus < 1:
+            raise UserError(f"--gpus must be at least 1, got {self.gpus}")
+        if self.grad_accum < 1:
+            raise UserError(f"--grad-accum must be at least 1, got {self.grad_accum}")
+        if not self.bucket_cap_mb > 0:
+            raise UserError(f"--bucket-cap-mb must be positive, got {self.bucket_cap_mb}")
+        if self.grad_compression not in ("none", "fp16", "bf16"):
+            raise UserError(f"--grad-compression {self.grad_compression!r}: none, fp16 or bf16")
+
+
+def _interconnect(hardware: str, dp: DataParallel):
+    from gnn_ptp import interconnect
+
+    if dp.interconnect:
+        return interconnect.load(dp.interconnect)
+    return interconnect.default_for(hardware, dp.gpus, dp.nodes)
+
+
+def _allreduce(profile, dp: DataParallel, tensors: dict, log_node_ms: torch.Tensor | None, backward_ms: float,
+               param_dtype_bytes: int, slowdown: float = 1.0):
     """DDP's all-reduce for ``gpus`` > 1 (gnn_ptp/comm.py) from the GNN's per-kernel backward times (a
     ``pool`` checkpoint has none: gradients then become ready uniformly over ``backward_ms``), and the
-    notes a user should read. None where there is one GPU or no fabric model."""
+    notes a user should read. None where there is one GPU."""
     from gnn_ptp import comm
 
-    if gpus == 1:
+    if dp.gpus == 1:
         return None, []
-    fabric = comm.fabric_for(hardware, gpus)
-    if fabric is None:
-        return None, [f"{gpus} GPUs: no interconnect model for {hardware} (its data comes from one machine), "
-                      "so comm_exposed_ms is 0 and the iteration time is the compute time of one GPU"]
-    node_ms = None if log_node_ms is None else log_node_ms.double().exp().tolist()
-    ddp = comm.ddp_step_comm(tensors["phase"].tolist(), tensors["grad_bytes"].tolist(), fabric, gpus,
-                             node_ms=node_ms, backward_ms=backward_ms)
+    fabric = profile.level(dp.gpus, dp.nodes)
+    node_ms = None if log_node_ms is None else (log_node_ms.double().exp() * slowdown).tolist()
+    # a compression hook halves fp32 gradients; half-precision gradients (pure bf16) stay as they are
+    grad_scale = 0.5 if dp.grad_compression != "none" and param_dtype_bytes == 4 else 1.0
+    ddp = comm.ddp_step_comm(tensors["phase"].tolist(), tensors["grad_bytes"].tolist(), fabric, dp.gpus,
+                             node_ms=node_ms, backward_ms=backward_ms * slowdown,
+                             bucket_cap_bytes=dp.bucket_cap_mb * 1024 * 1024, overlap=profile.overlap,
+                             grad_scale=grad_scale)
+    copy_ms = profile.bucket_copy_ms(float(tensors["grad_bytes"].sum()), dp.gpus, dp.nodes)
+    if copy_ms:  # on the compute thread after the backward's last gradient (CPU ranks)
+        ddp.exposed_ms += copy_ms
+        ddp.total_ms += copy_ms
     notes = []
-    if not fabric.is_measured(gpus):
-        notes.append(f"{gpus} GPUs: all-reduce times extrapolated from {fabric.measured_gpus}-GPU {fabric.name} "
-                     "measurements (latency ~ log2 GPUs, bus bandwidth held constant)")
+    if not fabric.is_measured(dp.gpus):
+        notes.append(f"{dp.gpus} GPUs: all-reduce times extrapolated from {fabric.measured_gpus}-rank "
+                     f"{fabric.name} measurements (latency ~ log2 ranks, bus bandwidth held constant)")
     return ddp, notes
 
 
@@ -268,12 +318,17 @@ def predict_many(spec: str, precisions: list[str], batch_size: int, seq_len: int
                  checkpoint: str | Path | None = None, optimizer: str = "adamw", overrides=None,
                  task: str | None = None, steps: int | None = None, epochs: float | None = None,
                  dataset_size: int | None = None, gpu_hour_cost: float | None = None,
-                 use_disk_cache: bool = True) -> list[Prediction]:
-    """One ``Prediction`` per precision class, all from one checkpoint and one model spec."""
+                 use_disk_cache: bool = True, nodes: int | None = None, interconnect: str | None = None,
+                 bucket_cap_mb: float = 25.0, grad_accum: int = 1,
+                 grad_compression: str = "none") -> list[Prediction]:
+    """One ``Prediction`` per precision class, all from one checkpoint and one model spec.
+
+    ``gpus``/``nodes``/``interconnect``/``bucket_cap_mb``/``grad_accum``/``grad_compression`` describe
+    data-parallel training (DDP); ``steps`` (optimizer steps) or ``epochs`` x ``dataset_size`` the job."""
     from torch_geometric.data import Batch, Data
 
-    if gpus < 1:
-        raise UserError(f"--gpus must be at least 1, got {gpus}")
+    dp = DataParallel(gpus, nodes, interconnect, bucket_cap_mb, grad_accum, grad_compression)
+    dp.validate()
     if epochs is not None and not dataset_size:
         raise UserError("--epochs needs --dataset-size (samples per epoch)")
     if steps is not None and epochs is not None:
@@ -281,6 +336,11 @@ def predict_many(spec: str, precisions: list[str], batch_size: int, seq_len: int
     ckpt_path = Path(checkpoint) if checkpoint else default_checkpoint(hardware)
     model, meta = _load_checkpoint(ckpt_path)
     hw_name = meta["hardware"]
+    profile = _interconnect(hw_name, dp) if gpus > 1 else None
+    n_nodes = profile.nodes_for(gpus, nodes) if profile is not None else (nodes or 1)
+    if gpus > 1 and profile is None:
+        raise UserError(f"--gpus {gpus}: no interconnect profile for {hw_name}; give --interconnect "
+                        "(a shipped name or a file from gnn-ptp calibrate-comm)")
     trained = trained_precisions(meta)
     if precisions == ["all"]:
         precisions = trained
@@ -305,19 +365,26 @@ def predict_many(spec: str, precisions: list[str], batch_size: int, seq_len: int
         out = model(Batch.from_data_list(datas))
     from gnn_ptp.hardware import HARDWARE
 
+    global_batch = batch_size * gpus * grad_accum
     total_steps = steps
     if epochs is not None:  # rounded first: 1.1 epochs x 50000 / 100 is 550 steps, not 551
-        total_steps = math.ceil(round(epochs * dataset_size / (batch_size * gpus), 6))
+        total_steps = math.ceil(round(epochs * dataset_size / global_batch, 6))
+    slowdown = profile.compute_slowdown(gpus, nodes) if profile is not None else 1.0
     results = []
     for i, (p, (tensors, info)) in enumerate(zip(precisions, graphs)):
         fwd, bwd, opt = out["log_phase_ms"][i].exp().tolist()
-        compute = fwd + bwd + opt
+        one_gpu = grad_accum * (fwd + bwd) + opt
+        compute = one_gpu * slowdown
         notes = ([untrained[p]] if p in untrained else []) + _ood_warnings(tensors["u"], tensors, meta)
+        if slowdown > 1:
+            notes.append(f"{gpus // n_nodes} ranks per node share {profile.compute_slots} compute slots "
+                         f"({profile.name}): compute {slowdown:.2f}x slower than one rank alone")
         log_node_ms = None
         if "log_node_ms" in out:
             offset = int(sum(d.num_nodes for d in datas[:i]))
             log_node_ms = out["log_node_ms"][offset:offset + datas[i].num_nodes]
-        ddp, comm_notes = _allreduce(hw_name, gpus, tensors, log_node_ms, bwd)
+        param_bytes = get_precision(p).param_dtype.itemsize
+        ddp, comm_notes = _allreduce(profile, dp, tensors, log_node_ms, bwd, param_bytes, slowdown)
         comm = ddp.exposed_ms if ddp is not None else 0.0
         notes += comm_notes
         mem = float(out["log_memory"][i].exp())
@@ -333,7 +400,10 @@ def predict_many(spec: str, precisions: list[str], batch_size: int, seq_len: int
             forward_ms=fwd, backward_ms=bwd, optimizer_ms=opt, compute_ms=compute, comm_exposed_ms=comm,
             iteration_ms=iteration, peak_memory_bytes=mem, fits_in_memory=fits,
             params=info["param_count"], flops=sum(info["summary"]["flops_by_phase"].values()),
-            overrides=dict(parsed.overrides), checkpoint=str(ckpt_path), warnings=notes)
+            overrides=dict(parsed.overrides), checkpoint=str(ckpt_path), warnings=notes, nodes=n_nodes,
+            interconnect=profile.name if profile is not None else "", grad_accum=grad_accum,
+            global_batch_size=global_batch, scaling_efficiency=one_gpu / iteration if iteration > 0 else 1.0,
+            compute_slowdown=slowdown)
         if ddp is not None:
             pred.comm_total_ms, pred.allreduce_buckets, pred.fabric = ddp.total_ms, ddp.buckets, ddp.fabric
         if log_node_ms is not None:
@@ -371,8 +441,9 @@ def format_predictions(preds: list[Prediction]) -> str:
     first = preds[0]
     dims = f"batch {first.batch_size}" + (f" x seq {first.seq_len}" if first.seq_len else "") + (
         f" x {first.image_size}px" if first.image_size else "")
-    over = f" over {first.fabric}" if first.fabric else ""
-    lines = [f"{first.spec} on {first.gpus}x {first.hardware}{over}, {dims} per GPU, {first.optimizer} "
+    over = f" on {first.nodes} node(s) over {first.interconnect} ({first.fabric} fit)" if first.fabric else ""
+    accum = f", {first.grad_accum} micro-steps" if first.grad_accum > 1 else ""
+    lines = [f"{first.spec} on {first.gpus}x {first.hardware}{over}, {dims} per GPU{accum}, {first.optimizer} "
              f"(checkpoint {first.checkpoint})", ""]
     head = f"{'precision':<15}{'forward':>10}{'backward':>10}{'optimizer':>10}{'compute':>10}{'comm':>8}" \
            f"{'iteration':>11}{'peak mem':>10}"
@@ -395,8 +466,14 @@ def format_predictions(preds: list[Prediction]) -> str:
         slowest = max(preds, key=lambda p: p.iteration_ms)
         lines.append(f"\nfastest: {fastest.precision}, {slowest.iteration_ms / fastest.iteration_ms:.2f}x "
                      f"faster than {slowest.precision}")
+    if first.gpus > 1:
+        eff = ", ".join(f"{p.precision} {p.scaling_efficiency:.0%}" for p in preds)
+        lines.append(f"data parallel: global batch {first.global_batch_size}; all-reduce {first.allreduce_buckets} "
+                     f"bucket(s), {fastest.comm_total_ms:.1f} ms in all ({fastest.precision}); scaling "
+                     f"efficiency vs one GPU: {eff}")
     if first.total_s is not None:
-        lines.append(f"job: {first.steps} steps on {first.gpus} GPU(s)")
+        lines.append(f"job: {first.steps} optimizer steps of {first.global_batch_size} samples on "
+                     f"{first.gpus} GPU(s)")
     if first.top_ops:
         top = ", ".join(f"{t['op']} {t['ms']:.1f} ms" for t in fastest.top_ops)
         lines.append(f"where the time goes ({fastest.precision}): {top}")

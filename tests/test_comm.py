@@ -14,6 +14,7 @@ import torch
 
 from gnn_ptp import comm
 from gnn_ptp.comm import BUCKET_CAP_BYTES, FIRST_BUCKET_BYTES, Fabric
+from gnn_ptp.errors import UserError
 
 MiB = 1024 * 1024
 TOY = Fabric("toy", "alpha 10 us, busbw 100 GB/s, measured at 8", alpha_us=10.0, busbw_GBps=100.0, measured_gpus=8)
@@ -254,7 +255,7 @@ def test_predict_adds_exposed_allreduce(tmp_path, synthetic_graphs):
     assert one.comm_exposed_ms == 0.0 and one.fabric == "" and one.iteration_ms == one.compute_ms
     ib = predict_many("random:mlp:3", ["fp32"], 4, gpus=16, checkpoint=ckpt)[0]
     assert ib.fabric == "infiniband" and ib.comm_exposed_ms > preds[0].comm_exposed_ms
-    assert any("extrapolated from 32-GPU infiniband" in w for w in ib.warnings)
+    assert any("extrapolated from 32-rank infiniband" in w for w in ib.warnings)
 
 
 def test_predict_pool_readout_uses_uniform_backward(tmp_path, synthetic_graphs):
@@ -264,9 +265,51 @@ def test_predict_pool_readout_uses_uniform_backward(tmp_path, synthetic_graphs):
     assert pred.comm_exposed_ms > 0 and pred.fabric == "nvlink"
 
 
-def test_predict_cpu_checkpoint_has_no_fabric(tmp_path, synthetic_graphs):
+def test_predict_cpu_checkpoint_uses_the_calibrated_gloo_profile(tmp_path, synthetic_graphs):
+    from gnn_ptp import interconnect
     from gnn_ptp.prediction import predict_many
 
-    pred = predict_many("random:mlp:3", ["fp32"], 4, gpus=8, checkpoint=_checkpoint(tmp_path, "cpu"))[0]
-    assert pred.comm_exposed_ms == 0.0 and pred.fabric == "" and pred.iteration_ms == pred.compute_ms
-    assert any("no interconnect model for cpu" in w for w in pred.warnings)
+    ckpt = _checkpoint(tmp_path, "cpu")
+    one = predict_many("random:mlp:3", ["fp32"], 4, gpus=1, checkpoint=ckpt)[0]
+    two = predict_many("random:mlp:3", ["fp32"], 4, gpus=2, checkpoint=ckpt)[0]
+    gloo = interconnect.load("cpu-gloo")
+    assert two.interconnect == "cpu-gloo" and not gloo.overlap
+    # ranks share the cores: the measured slowdown applies, and nothing hides the all-reduce
+    assert two.compute_slowdown == pytest.approx(gloo.node_sharing["2"]["compute_slowdown"])
+    assert two.compute_ms == pytest.approx(one.compute_ms * two.compute_slowdown)
+    assert two.comm_exposed_ms == pytest.approx(two.comm_total_ms) and two.comm_exposed_ms > 0
+    assert two.scaling_efficiency == pytest.approx(one.compute_ms / two.iteration_ms)
+    with pytest.raises(UserError, match="multi-node profile"):
+        predict_many("random:mlp:3", ["fp32"], 4, gpus=8, checkpoint=ckpt)
+
+
+def test_predict_unknown_hardware_needs_an_interconnect(tmp_path, synthetic_graphs):
+    from gnn_ptp.prediction import predict_many
+
+    ckpt = _checkpoint(tmp_path, "a100")
+    assert predict_many("random:mlp:3", ["fp32"], 4, gpus=1, checkpoint=ckpt)[0].comm_exposed_ms == 0.0
+    with pytest.raises(UserError, match="no interconnect profile for a100"):
+        predict_many("random:mlp:3", ["fp32"], 4, gpus=2, checkpoint=ckpt)
+    pred = predict_many("random:mlp:3", ["fp32"], 4, gpus=2, checkpoint=ckpt, interconnect="h100-nvswitch")[0]
+    assert pred.interconnect == "h100-nvswitch" and pred.comm_exposed_ms >= 0
+
+
+def test_grad_accum_and_compression(tmp_path, synthetic_graphs):
+    from gnn_ptp.prediction import predict_many
+
+    ckpt = _checkpoint(tmp_path, "h100")
+    base = predict_many("random:mlp:3", ["fp32"], 4, gpus=8, checkpoint=ckpt, epochs=1, dataset_size=3200)[0]
+    acc = predict_many("random:mlp:3", ["fp32"], 4, gpus=8, checkpoint=ckpt, grad_accum=4, epochs=1,
+                       dataset_size=3200)[0]
+    # k micro-steps of forward + backward, one optimizer step, one all-reduce per optimizer step
+    assert acc.compute_ms == pytest.approx(4 * (base.forward_ms + base.backward_ms) + base.optimizer_ms)
+    assert acc.comm_total_ms == pytest.approx(base.comm_total_ms)
+    assert acc.global_batch_size == 4 * 8 * 4 and base.global_batch_size == 32
+    assert base.steps == 100 and acc.steps == 25
+    assert acc.scaling_efficiency >= base.scaling_efficiency
+    half = predict_many("random:mlp:3", ["fp32"], 4, gpus=8, checkpoint=ckpt, grad_compression="bf16")[0]
+    assert half.comm_total_ms < base.comm_total_ms
+    small = predict_many("random:mlp:3", ["fp32"], 4, gpus=8, checkpoint=ckpt, bucket_cap_mb=1)[0]
+    assert small.allreduce_buckets > base.allreduce_buckets
+    with pytest.raises(UserError, match="grad-accum"):
+        predict_many("random:mlp:3", ["fp32"], 4, gpus=8, checkpoint=ckpt, grad_accum=0)
