@@ -38,7 +38,6 @@ def main() -> None:
     from gnn_ptp import comm, interconnect
     from gnn_ptp.cli import _quiet_libraries
     from gnn_ptp.prediction import _graphs, predict_many
-    from gnn_ptp.precision import get_precision
     from gnn_ptp.records import load_records
     from gnn_ptp.spec import Shape, parse_spec
     from gnn_ptp.trace import StepConfig
@@ -86,8 +85,7 @@ def main() -> None:
     def ape(pred, meas):
         return abs(pred / meas - 1) * 100
 
-    print(f"{len(rows)} DDP records with a one-process twin; interconnect {profile.name}, "
-          f"precision {get_precision('fp32').name}/amp-bf16 as measured")
+    print(f"{len(rows)} gloo DDP records with a one-process twin; interconnect {profile.name}")
     print(f"{'model':<34}{'prec':>9}{'N':>3}{'params':>9}{'measured':>10}{'1-proc':>9}{'comm':>8}"
           f"{'head':>9}{'err':>7}{'e2e':>9}{'err':>7}")
     for x in rows:
