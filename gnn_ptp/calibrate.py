@@ -201,9 +201,12 @@ def _fit(rows: list[dict], world: int, level_name: str, cfg: CalibrateConfig, al
     from gnn_ptp import comm
 
     tagged = [{**r, "source": f"gnn-ptp calibrate-comm ({algorithm})", "fabric": level_name} for r in rows]
-    return comm.fit_fabric(f"{level_name}-{world}", cfg.description or f"{level_name}, {world} ranks", tagged,
-                           gpus=world, max_gpus=max_gpus, fit_range_bytes=(cfg.fit_min_bytes, cfg.max_bytes),
-                           algorithm=algorithm)
+    try:
+        return comm.fit_fabric(f"{level_name}-{world}", cfg.description or f"{level_name}, {world} ranks", tagged,
+                               gpus=world, max_gpus=max_gpus, fit_range_bytes=(cfg.fit_min_bytes, cfg.max_bytes),
+                               algorithm=algorithm)
+    except ValueError as e:
+        raise UserError(f"{e}; measure larger messages (--max-bytes) or longer (--min-time-s)") from None
 
 
 def _merge(cfg: CalibrateConfig, intra: list, inter: list, rows: list[dict], env: dict, gpus_per_node: int,
@@ -291,17 +294,9 @@ def format_profile(profile) -> str:
                      f"alone (measured), memory copies at {sh['copy_GBps']:.1f} GB/s a rank")
     for level, fits in (("intra-node", profile.intra), ("inter-node", profile.inter)):
         for f in fits:
-            r = f.fit
-            held = "" if r is None else (f"; held-out median {r.held_out_median_rel_err:.1%} max "
-                                         f"{r.held_out_max_rel_err:.1%} ({r.held_out_rows} rows)")
-            lines.append(f"  {level} fit at {f.measured_gpus} ranks: alpha {f.alpha_us:.1f} us, busbw "
-                         f"{f.busbw_GBps:.2f} GB/s{held}")
             rows = [r for r in profile.measurements if r["gpus"] == f.measured_gpus]
-            for e in comm.error_by_size_range(f, rows):
-                lo, hi = e["range_bytes"]
-                lines.append(f"    {comm.format_bytes(lo) if lo else '0':>8} - "
-                             f"{'' if hi >= 1 << 62 else comm.format_bytes(hi):<8} n {e['n']:>3}  median "
-                             f"{e['median_rel_err']:6.1%}  max {e['max_rel_err']:6.1%}")
+            lines.append(f"  {level} fit at {f.measured_gpus} ranks:")
+            lines += ["    " + line for line in comm.describe_fabric(f, rows)]
     return "\n".join(lines)
 
 

@@ -5,10 +5,14 @@ Two parts, both plain arithmetic on top of the GNN's per-kernel backward times:
 1. ``Fabric``: an alpha-beta model of one NCCL all-reduce of S bytes over p ranks,
    ``t = alpha(p) + 2(p-1)/p * S / busbw``, fitted per fabric to measured ``all_reduce_perf`` times
    (``nccl_allreduce_h100.csv`` beside this file, which names its sources). NCCL switches algorithm
-   (ring, tree, NVLS) and protocol with message size, so one line cannot follow the whole curve (it is off
-   by up to 2-3x below 1 MiB). It is fitted only where DDP buckets live, 1 MiB to 1 GiB, minimising the
-   relative error; every third message size from 1 MiB up is held out of the fit and its error reported
-   in ``Fabric.fit`` (``python -m gnn_ptp.comm`` prints the table).
+   (ring, tree, NVLS) and protocol with message size, so one line cannot follow the whole curve: the
+   H100 fabrics have two, fitted on either side of 16 MiB: a small-message line (latency-lean protocols:
+   less latency, less bandwidth) and a bandwidth line (NVLS / Simple: the regime of DDP's 25 MiB buckets
+   and of large single-parameter buckets). A message takes the faster of the two, as NCCL's tuner picks
+   the fastest (algorithm, protocol) for each size, so time stays continuous and grows with size. Each
+   line is fitted minimising the relative error; every third message size from 1 MiB up is held out of
+   both fits and its error reported in ``Fabric.fit`` (``python -m gnn_ptp.comm`` prints the table).
+   Below 1 MiB nothing is fitted (DDP's smallest bucket is 1 MiB).
 2. ``ddp_allreduce``: DDP's overlap of bucketed all-reduces with the rest of the backward pass. The
    step's exposed communication is what the optimizer has to wait for.
 
@@ -34,8 +38,11 @@ FIRST_BUCKET_BYTES = 1024 * 1024
 BUCKET_CAP_BYTES = 25 * 1024 * 1024
 """DDP's ``bucket_cap_mb=25`` (DDP's MB are MiB)."""
 GPUS_PER_NODE = 8
-FIT_RANGE_BYTES = (1 << 20, 1 << 30)
-"""Message sizes the line is fitted to: DDP's 1 MiB first bucket up to a large single-parameter bucket."""
+FIT_RANGE_BYTES = (1 << 20, 1 << 40)
+"""Message sizes the lines are fitted to: DDP's 1 MiB first bucket up (a single large parameter, e.g. an
+embedding of 128k x 4096 fp32, is a 2 GiB bucket of its own)."""
+SPLIT_BYTES = 16 << 20
+"""Where the H100 fabrics' measurements are split between the small-message and the bandwidth fit."""
 HOLD_OUT_EVERY = 3
 """Every 3rd message size >= 1 MiB (4 MiB, 32 MiB, 256 MiB, 2 GiB, 16 GiB) is kept out of the fit."""
 MEASUREMENTS = "nccl_allreduce_h100.csv"
@@ -68,7 +75,8 @@ class Fabric:
     name: str
     description: str
     alpha_us: float
-    """Intercept of the line at ``measured_gpus`` ranks (over 1 MiB-1 GiB, so above the bare latency)."""
+    """Intercept of the (bandwidth) line at ``measured_gpus`` ranks: fitted on large messages, so above the
+    bare latency."""
     busbw_GBps: float
     """NCCL bus bandwidth, GB/s (1e9 B/s); held constant for every p."""
     measured_gpus: int
@@ -79,8 +87,14 @@ class Fabric:
     source: str = ""
     fit: FitReport | None = None
     algorithm: str = "ring"
-    """What the line stands for, as ``gnn-ptp comm`` reports it. The fit is one line through whatever
-    NCCL (or gloo) chose at each size (ring, tree, NVLS): the measurements cannot separate them."""
+    """What the lines stand for, as ``gnn-ptp comm`` reports it. Each is fitted through whatever NCCL (or
+    gloo) chose at each size (ring, tree, NVLS): the measurements cannot separate them."""
+    split_bytes: int | None = None
+    """Where the measurements were split between the two fits: the small-message line
+    (``small_alpha_us``, ``small_busbw_GBps``) was fitted below it, the bandwidth line from it up. A
+    message takes whichever line is faster. None: one line for every size."""
+    small_alpha_us: float | None = None
+    small_busbw_GBps: float | None = None
 
     def __post_init__(self):
         if not self.alpha_us >= 0:
@@ -90,9 +104,22 @@ class Fabric:
         if self.measured_gpus < 2:
             raise ValueError(f"Fabric.measured_gpus is {self.measured_gpus}: must be >= 2")
 
-    def alpha_us_at(self, gpus: int) -> float:
+    def alpha_us_at(self, gpus: int, alpha_us: float | None = None) -> float:
         """Latency term at ``gpus`` ranks: alpha * log2(p) / log2(p_measured) (0 for one rank)."""
-        return self.alpha_us * math.log2(gpus) / math.log2(self.measured_gpus)
+        alpha = self.alpha_us if alpha_us is None else alpha_us
+        return alpha * math.log2(gpus) / math.log2(self.measured_gpus)
+
+    def lines(self) -> list[tuple[str, float, float]]:
+        """(name, alpha_us, busbw_GBps) of each fitted line."""
+        big = ("bandwidth line" if self.split_bytes is not None else "line", self.alpha_us, self.busbw_GBps)
+        if self.split_bytes is None:
+            return [big]
+        return [("small-message line", self.small_alpha_us, self.small_busbw_GBps), big]
+
+    def _line_us(self, message_bytes: float, gpus: int) -> tuple[float, str]:
+        """(time, line name) of the fastest line, as NCCL's tuner takes the fastest algorithm."""
+        return min((self.alpha_us_at(gpus, alpha) + 2 * (gpus - 1) / gpus * message_bytes / (busbw * 1e3), name)
+                   for name, alpha, busbw in self.lines())
 
     def allreduce_us(self, message_bytes: float, gpus: int) -> float:
         """Time of one all-reduce of ``message_bytes`` over ``gpus`` ranks (0 for one rank)."""
@@ -100,7 +127,11 @@ class Fabric:
             raise ValueError(f"gpus is {gpus}: must be >= 1")
         if gpus == 1 or message_bytes <= 0:
             return 0.0
-        return self.alpha_us_at(gpus) + 2 * (gpus - 1) / gpus * message_bytes / (self.busbw_GBps * 1e3)
+        return self._line_us(message_bytes, gpus)[0]
+
+    def line_name(self, message_bytes: float, gpus: int) -> str:
+        """Which line answers for this message (``lines()``'s name)."""
+        return self._line_us(message_bytes, max(gpus, 2))[1]
 
     def is_measured(self, gpus: int) -> bool:
         return gpus == self.measured_gpus
@@ -144,20 +175,37 @@ def _lstsq_relative(sizes: list[float], times: list[float]) -> tuple[float, floa
 
 def fit_fabric(name: str, description: str, rows: list[dict], gpus: int, max_gpus: int | None = None,
                fit_range_bytes: tuple[int, int] = FIT_RANGE_BYTES, hold_out_every: int = HOLD_OUT_EVERY,
-               algorithm: str = "ring", min_gpus: int = 2) -> Fabric:
+               algorithm: str = "ring", min_gpus: int = 2, split_bytes: int | None = None) -> Fabric:
     """Fit ``t = alpha + 2(p-1)/p * S / busbw`` to the rows measured at ``gpus`` ranks (all sources pooled),
-    holding every ``hold_out_every``-th message size >= the fit range's start out of the fit."""
+    holding every ``hold_out_every``-th message size >= the fit range's start out of the fit. With
+    ``split_bytes``, two lines: one fitted below it, one from it up (a message then takes the faster)."""
     rows = [r for r in rows if r["gpus"] == gpus]
     lo, hi = fit_range_bytes
     sizes = sorted({r["message_bytes"] for r in rows if r["message_bytes"] >= lo})
     held = set(sizes[hold_out_every - 1::hold_out_every])
     fit_rows = [r for r in rows if lo <= r["message_bytes"] <= hi and r["message_bytes"] not in held]
-    if len({r["message_bytes"] for r in fit_rows}) < 2:
-        raise ValueError(f"fabric {name!r}: fewer than 2 message sizes to fit at {gpus} GPUs")
-    alpha_us, slope = _lstsq_relative([r["message_bytes"] for r in fit_rows], [r["time_us"] for r in fit_rows])
-    busbw_GBps = 2 * (gpus - 1) / gpus / slope / 1e3
-    fabric = Fabric(name, description, max(alpha_us, 0.0), busbw_GBps, gpus, min_gpus=min_gpus, max_gpus=max_gpus,
-                    source="; ".join(sorted({r["source"] for r in rows})), algorithm=algorithm)
+
+    def line(selected, what):
+        if len({r["message_bytes"] for r in selected}) < 2:
+            raise ValueError(f"fabric {name!r}: fewer than 2 message sizes to fit {what} at {gpus} GPUs")
+        alpha_us, slope = _lstsq_relative([r["message_bytes"] for r in selected], [r["time_us"] for r in selected])
+        if not slope > 0:
+            sizes_fit = sorted({r["message_bytes"] for r in selected})
+            raise ValueError(f"fabric {name!r}: times at {gpus} ranks do not grow with message size between "
+                             f"{format_bytes(sizes_fit[0])} and {format_bytes(sizes_fit[-1])} (latency or noise "
+                             "only): no bandwidth to fit")
+        return max(alpha_us, 0.0), 2 * (gpus - 1) / gpus / slope / 1e3
+
+    small = {}
+    if split_bytes is not None:
+        alpha_us, busbw_GBps = line([r for r in fit_rows if r["message_bytes"] >= split_bytes], "from the split")
+        small_alpha, small_busbw = line([r for r in fit_rows if r["message_bytes"] < split_bytes],
+                                        "below the split")
+        small = dict(split_bytes=split_bytes, small_alpha_us=small_alpha, small_busbw_GBps=small_busbw)
+    else:
+        alpha_us, busbw_GBps = line(fit_rows, "the line")
+    fabric = Fabric(name, description, alpha_us, busbw_GBps, gpus, min_gpus=min_gpus, max_gpus=max_gpus,
+                    source="; ".join(sorted({r["source"] for r in rows})), algorithm=algorithm, **small)
 
     def err(selected):
         return [abs(fabric.allreduce_us(r["message_bytes"], gpus) / r["time_us"] - 1) for r in selected] or [0.0]
@@ -180,10 +228,11 @@ def fabrics() -> dict[str, Fabric]:
     rows = load_measurements()
     return {
         "nvlink": fit_fabric("nvlink", "one node of 8 H100 SXM on NVLink4/NVSwitch (DGX/HGX H100)", rows,
-                             gpus=8, max_gpus=GPUS_PER_NODE, algorithm="nccl ring/nvls (fitted line)"),
+                             gpus=8, max_gpus=GPUS_PER_NODE, algorithm="nccl ring/nvls (fitted lines)",
+                             split_bytes=SPLIT_BYTES),
         "infiniband": fit_fabric("infiniband", "nodes of 8 H100 SXM, NVLink4 inside, NDR InfiniBand between "
                                  "(measured on 4 nodes)", rows, gpus=32,
-                                 algorithm="nccl hierarchical ring/tree (fitted line)"),
+                                 algorithm="nccl hierarchical ring/tree (fitted lines)", split_bytes=SPLIT_BYTES),
     }
 
 
@@ -330,21 +379,30 @@ def format_bytes(n: float) -> str:
     return f"{n:g} B"
 
 
+def describe_fabric(fabric: Fabric, rows: list[dict]) -> list[str]:
+    """A fabric's lines, its held-out error and its error by message-size range on ``rows``, as text lines."""
+    out = [f"{name}: alpha {alpha:6.1f} us  busbw {busbw:6.1f} GB/s" for name, alpha, busbw in fabric.lines()]
+    if fabric.split_bytes is not None:
+        out[0] += f"  (fitted below {format_bytes(fabric.split_bytes)}, the other from there; the faster answers)"
+    r = fabric.fit
+    if r is not None:
+        out.append(f"held-out median {r.held_out_median_rel_err:.1%} max {r.held_out_max_rel_err:.1%} mean "
+                   f"{r.held_out_mean_rel_err:.1%} ({r.held_out_rows} rows)  fit max {r.fit_max_rel_err:.1%}  "
+                   f">=1MiB max {r.max_rel_err_above_1MiB:.1%}  <1MiB max {r.max_rel_err_below_1MiB:.1%}")
+    for e in error_by_size_range(fabric, rows):
+        lo, hi = e["range_bytes"]
+        top = "" if hi >= 1 << 62 else format_bytes(hi)
+        out.append(f"{format_bytes(lo) if lo else '0':>8} - {top:<8} n {e['n']:>3}  median "
+                   f"{e['median_rel_err']:6.1%}  max {e['max_rel_err']:6.1%}")
+    return out
+
+
 def fit_table() -> str:
-    """The fitted fabrics and their errors, one line each (``python -m gnn_ptp.comm``)."""
+    """The fitted fabrics and their errors (``python -m gnn_ptp.comm``)."""
     lines = []
     for f in fabrics().values():
-        r = f.fit
-        lines.append(f"{f.name:<11} {f.measured_gpus:>3} GPUs  alpha {f.alpha_us:6.1f} us  "
-                     f"busbw {f.busbw_GBps:6.1f} GB/s  held-out median {r.held_out_median_rel_err:.1%} max "
-                     f"{r.held_out_max_rel_err:.1%} mean {r.held_out_mean_rel_err:.1%} "
-                     f"({r.held_out_rows} rows)  fit max {r.fit_max_rel_err:.1%}  >=1MiB max "
-                     f"{r.max_rel_err_above_1MiB:.1%}  <1MiB max {r.max_rel_err_below_1MiB:.1%}")
-        for e in error_by_size_range(f, load_measurements()):
-            lo, hi = e["range_bytes"]
-            top = "" if hi >= 1 << 62 else format_bytes(hi)
-            lines.append(f"    {format_bytes(lo) if lo else '0':>8} - {top:<8} n {e['n']:>3}  median "
-                         f"{e['median_rel_err']:6.1%}  max {e['max_rel_err']:6.1%}")
+        lines.append(f"{f.name}, {f.measured_gpus} GPUs ({f.description})")
+        lines += ["    " + line for line in describe_fabric(f, load_measurements())]
     return "\n".join(lines)
 
 

@@ -116,8 +116,10 @@ class Interconnect:
         fabric = self.level(gpus, nodes)
         t_us = fabric.allreduce_us(message_bytes, gpus)
         algbw = message_bytes / (t_us * 1e3) if t_us > 0 else math.inf
+        algorithm = fabric.algorithm if fabric.split_bytes is None else \
+            f"{fabric.algorithm}: {fabric.line_name(message_bytes, gpus)}"
         return AllReduceTime(message_bytes, gpus, nodes, t_us, algbw, algbw * 2 * (gpus - 1) / gpus,
-                             fabric.algorithm, fabric.name, self.name, fabric.is_measured(gpus))
+                             algorithm, fabric.name, self.name, fabric.is_measured(gpus))
 
     def compute_slowdown(self, gpus: int, nodes: int | None = None) -> float:
         """How much slower each rank computes because ranks share a node's compute (CPUs only)."""

@@ -48,25 +48,45 @@ def test_one_rank_or_no_bytes_costs_nothing():
 
 
 def test_fitted_fabrics_reproduce_held_out_measurements():
-    """Measured (deterministic, the CSV is fixed): NVLink held-out max 14.8%, InfiniBand 14.1%."""
+    """Measured (deterministic, the CSV is fixed): held-out median 2.9 % NVLink, 1.1 % InfiniBand (the
+    issue's target: <= 10 %); max 5.0 % and 18.8 %."""
     print("\n" + comm.fit_table())
     nvlink, ib = comm.fabrics()["nvlink"], comm.fabrics()["infiniband"]
     for fabric in (nvlink, ib):
         r = fabric.fit
         assert r.held_out_rows >= 4 and r.fit_rows >= 8
-        assert r.held_out_max_rel_err <= 0.15, fabric.name
-        assert r.held_out_mean_rel_err <= 0.13, fabric.name
-        assert r.max_rel_err_above_1MiB <= 0.33, fabric.name  # NCCL's algorithm switches: ~10-30%
-        assert r.max_rel_err_below_1MiB > 0.5  # where the line is not meant to hold
+        assert r.held_out_median_rel_err <= 0.10, fabric.name
+        assert r.held_out_max_rel_err <= 0.20, fabric.name
+        assert r.held_out_mean_rel_err <= 0.06, fabric.name
+        assert r.max_rel_err_above_1MiB <= 0.22, fabric.name  # NCCL's protocol switches around 1-16 MiB
+        assert r.max_rel_err_below_1MiB > 0.5  # where the lines are not meant to hold
     # the held-out rows, recomputed here from the CSV rather than taken from the report
     held = nvlink.fit.held_out_sizes_bytes
     rows = [r for r in comm.load_measurements() if r["gpus"] == 8 and r["message_bytes"] in held]
     errs = [abs(nvlink.allreduce_us(r["message_bytes"], 8) / r["time_us"] - 1) for r in rows]
     print(f"nvlink held-out rows: {len(rows)}, max error {max(errs):.1%}")
-    assert len(rows) == nvlink.fit.held_out_rows and max(errs) <= 0.15
-    # between the maintainers' quoted ring (~370) and NVLS (~480) busbw on 8x H100; IB below NVLink
+    assert len(rows) == nvlink.fit.held_out_rows and max(errs) <= 0.06
+    # large messages: near the maintainers' quoted NVLS busbw (~480) on 8x H100; IB below NVLink; the
+    # small-message line has less bandwidth and less latency
     assert 370 <= nvlink.busbw_GBps <= 480
+    assert nvlink.small_busbw_GBps < nvlink.busbw_GBps and nvlink.small_alpha_us < nvlink.alpha_us
     assert 200 <= ib.busbw_GBps < nvlink.busbw_GBps and ib.alpha_us > nvlink.alpha_us
+
+
+@pytest.mark.parametrize("name", ["nvlink", "infiniband"])
+@pytest.mark.parametrize("p", [2, 8, 32])
+def test_fitted_fabrics_are_monotone_and_continuous_across_their_two_lines(name, p):
+    """A message takes the faster line, so time grows with size through the split (no jump down at 16 MiB)
+    and the two lines meet where the answer changes from one to the other."""
+    fabric = comm.fabrics()[name]
+    sizes = [MiB * 2 ** (k / 16) for k in range(-64, 16 * 12)]
+    times = [fabric.allreduce_us(s, p) for s in sizes]
+    assert all(b > a for a, b in zip(times, times[1:]))
+    names = [fabric.line_name(s, p) for s in sizes]
+    assert names[0] == "small-message line" and names[-1] == "bandwidth line"
+    switch = names.index("bandwidth line")
+    assert set(names[switch:]) == {"bandwidth line"}
+    assert times[switch] / times[switch - 1] < 2 ** (1 / 16)  # no step larger than the size step itself
 
 
 def test_outliers_and_fit_rows():

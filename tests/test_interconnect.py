@@ -163,14 +163,14 @@ def test_comm_rejects_bad_sizes(capsys):
 def test_calibrate_comm_with_real_gloo_processes(tmp_path):
     """Two gloo worlds started by the command itself; the profile merges, and predict/comm read it."""
     out = tmp_path / "lab.json"
-    small = ["--min-bytes", "64K", "--max-bytes", "2M", "--fit-min-bytes", "256K", "--min-time-s", "0.02"]
+    small = ["--min-bytes", "128K", "--max-bytes", "8M", "--fit-min-bytes", "512K", "--min-time-s", "0.05"]
     cmd = [sys.executable, "-m", "gnn_ptp", "calibrate-comm", "--out", str(out)] + small
     done = subprocess.run(cmd + ["--procs", "2"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     first = interconnect.load(str(out))
     assert first.name == "lab" and [f.measured_gpus for f in first.intra] == [2]
-    assert {r["message_bytes"] for r in first.measurements} == {64 << 10, 128 << 10, 256 << 10, 512 << 10,
-                                                                1 << 20, 2 << 20}
+    assert {r["message_bytes"] for r in first.measurements} == {128 << 10, 256 << 10, 512 << 10, 1 << 20,
+                                                                2 << 20, 4 << 20, 8 << 20}
     assert all(r["time_us"] > 0 for r in first.measurements) and "2" in first.node_sharing
     done = subprocess.run(cmd + ["--procs", "3"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -180,6 +180,16 @@ def test_calibrate_comm_with_real_gloo_processes(tmp_path):
     r = merged.allreduce(1 << 20, 3)
     assert r.measured and r.time_us > 0 and r.interconnect == "lab"
     assert main(["comm", "--bytes", "1M", "--gpus", "2", "--interconnect", str(out)]) == 0
+
+
+def test_a_flat_calibration_is_a_clear_error():
+    """Times that do not grow with size (latency or noise only) give no bandwidth: say so, do not write
+    a negative bandwidth (synthetic rows)."""
+    from gnn_ptp.calibrate import CalibrateConfig, _fit
+
+    flat = [{"gpus": 2, "message_bytes": 1 << k, "time_us": 100.0 - k} for k in range(20, 25)]
+    with pytest.raises(UserError, match="do not grow with message size"):
+        _fit(flat, 2, "intra", CalibrateConfig(out=None, max_bytes=1 << 24), "gloo", None)
 
 
 def test_calibrate_comm_refuses_to_overwrite_other_files(tmp_path, capsys):
