@@ -13,6 +13,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -453,8 +454,8 @@ def format_predictions(preds: list[Prediction]) -> str:
     for p in preds:
         mem = "-" if not p.peak_memory_bytes else (
             f"{p.peak_memory_bytes / 1e9:.1f} GB" if p.peak_memory_bytes >= 1e9 else f"{p.peak_memory_bytes / 1e6:.0f} MB")
-        row = (f"{p.precision:<15}{p.forward_ms:>8.1f}ms{p.backward_ms:>8.1f}ms{p.optimizer_ms:>8.1f}ms"
-               f"{p.compute_ms:>8.1f}ms{p.comm_exposed_ms:>6.1f}ms{p.iteration_ms:>9.1f}ms{mem:>10}")
+        row = (f"{p.precision:<15}{_ms(p.forward_ms):>10}{_ms(p.backward_ms):>10}{_ms(p.optimizer_ms):>10}"
+               f"{_ms(p.compute_ms):>10}{_ms(p.comm_exposed_ms):>8}{_ms(p.iteration_ms):>11}{mem:>10}")
         if p.total_s is not None:
             row += f"{_duration(p.total_s):>12}"
         if p.cost is not None:
@@ -475,11 +476,39 @@ def format_predictions(preds: list[Prediction]) -> str:
         lines.append(f"job: {first.steps} optimizer steps of {first.global_batch_size} samples on "
                      f"{first.gpus} GPU(s)")
     if first.top_ops:
-        top = ", ".join(f"{t['op']} {t['ms']:.1f} ms" for t in fastest.top_ops)
+        top = ", ".join(f"{t['op']} {_ms(t['ms'])}" for t in fastest.top_ops)
         lines.append(f"where the time goes ({fastest.precision}): {top}")
-    notes = sorted({w for p in preds for w in p.warnings})
-    lines += [f"warning: {w}" for w in notes]
+    lines += [f"warning: {w}" for w in _merge_warnings(preds)]
     return "\n".join(lines)
+
+
+_OOD = re.compile(r"^(?P<name>\S+) is (?P<value>\S+), (?P<rest>outside the training range .*)$")
+
+
+def _merge_warnings(preds: list[Prediction]) -> list[str]:
+    """Each warning once; a feature outside the training range in several precision classes is one line
+    with each class's value."""
+    plain, ood = [], {}
+    for p in preds:
+        for w in p.warnings:
+            m = _OOD.match(w)
+            if m and len(preds) > 1:
+                ood.setdefault((m["name"], m["rest"]), []).append((m["value"], p.precision))
+            elif w not in plain:
+                plain.append(w)
+    merged = []
+    for (name, rest), values in ood.items():
+        if len({v for v, _ in values}) == 1:
+            shown = values[0][0] if len(values) == len(preds) else ", ".join(f"{v} ({c})" for v, c in values)
+        else:
+            shown = ", ".join(f"{v} ({c})" for v, c in values)
+        merged.append(f"{name} is {shown}, {rest}")
+    return sorted(plain + merged)
+
+
+def _ms(ms: float) -> str:
+    """A time for the table: milliseconds up to 10 s, then seconds (the columns stay 10 wide)."""
+    return f"{ms:.1f}ms" if ms < 1e4 else f"{ms / 1e3:.1f}s"
 
 
 def _duration(seconds: float) -> str:

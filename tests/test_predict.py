@@ -380,3 +380,36 @@ def test_cli_epochs_without_dataset_size_is_exit_2(ckpt, capsys):
     code = cli.main(["predict", SPEC, "--checkpoint", str(ckpt), "--epochs", "3"])
     err = capsys.readouterr().err
     assert code == 2 and "--epochs needs --dataset-size" in err
+
+
+# --- the human table (hand-made Prediction rows, no checkpoint) -------------------------------------------
+
+
+def _row(precision, ms, warnings=()):
+    from gnn_ptp.prediction import Prediction
+
+    return Prediction("hf:llama", precision, 4, 2048, None, "adamw", 1, "h100", forward_ms=ms / 3,
+                      backward_ms=2 * ms / 3, optimizer_ms=0.0, compute_ms=ms, comm_exposed_ms=0.0, iteration_ms=ms,
+                      warnings=list(warnings))
+
+
+def test_table_columns_stay_apart_for_long_steps():
+    """Steps over 10 s are shown in seconds, so every column keeps a space before it."""
+    from gnn_ptp.prediction import format_predictions
+
+    text = format_predictions([_row("fp32", 1_364_222.5), _row("bf16", 93.3)])
+    fp32 = next(line for line in text.splitlines() if line.startswith("fp32"))
+    assert fp32.split() == ["fp32", "454.7s", "909.5s", "0.0ms", "1364.2s", "0.0ms", "1364.2s", "-"]
+    bf16 = next(line for line in text.splitlines() if line.startswith("bf16"))
+    assert bf16.split()[1:3] == ["31.1ms", "62.2ms"]
+
+
+def test_out_of_range_warnings_are_merged_across_precision_classes():
+    from gnn_ptp.prediction import format_predictions
+
+    rng = "outside the training range [1, 129]: extrapolating"
+    rows = [_row("fp32", 10.0, [f"seq_len is 2.05e+03, {rng}", f"params is 7e+09, {rng}", "ops: x"]),
+            _row("bf16", 10.0, [f"seq_len is 2.05e+03, {rng}", f"params is 3e+09, {rng}", "ops: x"])]
+    warnings = [line for line in format_predictions(rows).splitlines() if line.startswith("warning:")]
+    assert warnings == ["warning: ops: x", f"warning: params is 7e+09 (fp32), 3e+09 (bf16), {rng}",
+                        f"warning: seq_len is 2.05e+03, {rng}"]
