@@ -103,6 +103,11 @@ class Fabric:
             raise ValueError(f"Fabric.busbw_GBps is {self.busbw_GBps}: must be > 0")
         if self.measured_gpus < 2:
             raise ValueError(f"Fabric.measured_gpus is {self.measured_gpus}: must be >= 2")
+        if self.split_bytes is not None and not (
+                self.small_alpha_us is not None and self.small_alpha_us >= 0
+                and self.small_busbw_GBps is not None and self.small_busbw_GBps > 0):
+            raise ValueError(f"Fabric {self.name!r} has split_bytes {self.split_bytes}: small_alpha_us must be "
+                             f">= 0 and small_busbw_GBps > 0, got {self.small_alpha_us} and {self.small_busbw_GBps}")
 
     def alpha_us_at(self, gpus: int, alpha_us: float | None = None) -> float:
         """Latency term at ``gpus`` ranks: alpha * log2(p) / log2(p_measured) (0 for one rank)."""

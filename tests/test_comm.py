@@ -45,6 +45,8 @@ def test_one_rank_or_no_bytes_costs_nothing():
         TOY.allreduce_us(1, 0)
     with pytest.raises(ValueError, match="busbw_GBps"):
         Fabric("bad", "", alpha_us=1.0, busbw_GBps=0.0, measured_gpus=8)
+    with pytest.raises(ValueError, match="small_busbw_GBps"):
+        Fabric("bad", "", alpha_us=1.0, busbw_GBps=1.0, measured_gpus=8, split_bytes=MiB, small_alpha_us=1.0)
 
 
 def test_fitted_fabrics_reproduce_held_out_measurements():
