@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import struct
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -54,6 +55,8 @@ def read_wandb_log(path: Path) -> list:
     from wandb.proto import wandb_internal_pb2
 
     data = path.read_bytes()
+    if len(data) < HEADER:  # not written yet
+        return []
     ident, magic, _version = struct.unpack("<4sHB", data[:HEADER])
     assert (ident, magic) == (b":W&B", 0xBEE1), f"{path} is not a wandb log"
     out, pos, pending = [], HEADER, b""
@@ -63,7 +66,7 @@ def read_wandb_log(path: Path) -> list:
             pos += left
             continue
         _crc, length, kind = struct.unpack("<IHB", data[pos:pos + HEADER])
-        if kind == 0:
+        if kind == 0 or pos + HEADER + length > len(data):  # the end, or a chunk still being written
             break
         pending += data[pos + HEADER:pos + HEADER + length]
         pos += HEADER + length
@@ -79,13 +82,25 @@ def _key(item) -> str:
     return item.key or ".".join(item.nested_key)
 
 
-def offline_run(root: Path) -> dict:
-    """The one offline run under ``root/wandb``: its config, history rows, final summary and tags."""
+def offline_run(root: Path, timeout_s: float = 60.0) -> dict:
+    """The one offline run under ``root/wandb``: its config, history rows, final summary and tags.
+
+    ``run.finish()`` can return before wandb's service process has written the whole log (seen once in CI:
+    the log read back had no config yet), so the log is read again until it ends with the run's ``exit``
+    record."""
     runs = sorted((root / "wandb").glob("offline-run-*"))
     assert len(runs) == 1, runs
     (log_file,) = runs[0].glob("*.wandb")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        records = read_wandb_log(log_file)
+        kinds = [r.WhichOneof("record_type") for r in records]
+        if "exit" in kinds:
+            break
+        assert time.monotonic() < deadline, f"{log_file} has no exit record after {timeout_s} s: {kinds}"
+        time.sleep(0.2)
     run = {"config": {}, "history": [], "summary": {}, "tags": []}
-    for record in read_wandb_log(log_file):
+    for record in records:
         kind = record.WhichOneof("record_type")
         if kind == "run":
             run["tags"] = list(record.run.tags)
