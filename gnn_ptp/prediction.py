@@ -452,8 +452,7 @@ def format_predictions(preds: list[Prediction]) -> str:
         "" if first.cost is None else f"{'cost':>10}"))
     fastest = min(preds, key=lambda p: p.iteration_ms)
     for p in preds:
-        mem = "-" if not p.peak_memory_bytes else (
-            f"{p.peak_memory_bytes / 1e9:.1f} GB" if p.peak_memory_bytes >= 1e9 else f"{p.peak_memory_bytes / 1e6:.0f} MB")
+        mem = "-" if not p.peak_memory_bytes else _bytes(p.peak_memory_bytes)
         row = (f"{p.precision:<15}{_ms(p.forward_ms):>10}{_ms(p.backward_ms):>10}{_ms(p.optimizer_ms):>10}"
                f"{_ms(p.compute_ms):>10}{_ms(p.comm_exposed_ms):>8}{_ms(p.iteration_ms):>11}{mem:>10}")
         if p.total_s is not None:
@@ -504,6 +503,13 @@ def _merge_warnings(preds: list[Prediction]) -> list[str]:
             shown = ", ".join(f"{v} ({c})" for v, c in values)
         merged.append(f"{name} is {shown}, {rest}")
     return sorted(plain + merged)
+
+
+def _bytes(n: float) -> str:
+    """A memory size for the table: GB with one decimal, else whole MB, else whole kB (never "0 MB")."""
+    if n >= 1e9:
+        return f"{n / 1e9:.1f} GB"
+    return f"{n / 1e6:.0f} MB" if n >= 1e6 else f"{n / 1e3:.0f} kB"
 
 
 def _ms(ms: float) -> str:

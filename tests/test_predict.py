@@ -413,3 +413,15 @@ def test_out_of_range_warnings_are_merged_across_precision_classes():
     warnings = [line for line in format_predictions(rows).splitlines() if line.startswith("warning:")]
     assert warnings == ["warning: ops: x", f"warning: params is 7e+09 (fp32), 3e+09 (bf16), {rng}",
                         f"warning: seq_len is 2.05e+03, {rng}"]
+
+
+def test_small_peak_memory_is_shown_in_kilobytes_not_as_zero_megabytes():
+    from dataclasses import replace
+
+    from gnn_ptp.prediction import format_predictions
+
+    def mem(n):
+        text = format_predictions([replace(_row("fp32", 1.0), peak_memory_bytes=n)])
+        return next(line for line in text.splitlines() if line.startswith("fp32")).split(maxsplit=7)[-1]
+
+    assert [mem(n) for n in (420e3, 3.4e6, 2.25e9)] == ["420 kB", "3 MB", "2.2 GB"]
