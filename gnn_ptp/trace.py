@@ -23,7 +23,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from gnn_ptp import cuda_dispatch, ops
+from gnn_ptp import cuda_dispatch, ops, replicate
 from gnn_ptp.errors import UserError, closest
 from gnn_ptp.precision import get_precision
 from gnn_ptp.spec import ModelSpec, Shape, build
@@ -80,25 +80,33 @@ class _Recorder(TorchDispatchMode):
     gradient it cannot steal) and the trace would hold kernels the real step never runs.
     """
 
-    def __init__(self, graph: torch.fx.Graph, host: set[int]):
+    def __init__(self, graph: torch.fx.Graph, host: set[int], layers: "LayerTags | None" = None):
         super().__init__()
         self.graph = graph
-        self.producer: dict[int, tuple[weakref.ref, torch.fx.Node]] = {}
+        self.producer: dict[int, tuple[weakref.ref, torch.fx.Node, int | None]] = {}
         self.host = host      # ids of host-side tensors (optimizer step counters), alive all along
         self.lifted: set[int] = set()
         self.externals = 0
+        self.layers = layers  # when set, every node is tagged with the repeated layer it belongs to
 
     def node_of(self, t: torch.Tensor) -> torch.fx.Node | None:
         entry = self.producer.get(id(t))
         return entry[1] if entry is not None and entry[0]() is t else None
 
-    def _produced(self, t: torch.Tensor, node: torch.fx.Node) -> None:
-        self.producer[id(t)] = (weakref.ref(t), node)
+    def _tag_of(self, t: torch.Tensor) -> int | None:
+        entry = self.producer.get(id(t))
+        return entry[2] if entry is not None and entry[0]() is t else None
+
+    def _produced(self, t: torch.Tensor, node: torch.fx.Node, tag: int | None = None) -> None:
+        self.producer[id(t)] = (weakref.ref(t), node, tag)
 
     def placeholder(self, name: str, t: torch.Tensor) -> None:
         node = self.graph.placeholder(name)
         node.meta["val"] = ops.TensorMeta(t)
-        self._produced(t, node)
+        tag = self.layers.seeded.get(id(t)) if self.layers is not None else None
+        if self.layers is not None:
+            node.meta["layer"] = tag
+        self._produced(t, node, tag)
 
     def _arg(self, x):
         if isinstance(x, torch.Tensor):
@@ -107,7 +115,11 @@ class _Recorder(TorchDispatchMode):
                 self.externals += 1
                 node = self.graph.placeholder(f"external_{self.externals}")
                 node.meta["val"] = ops.TensorMeta(x)
-                self._produced(x, node)
+                tag = None
+                if self.layers is not None:
+                    tag = self.layers.seeded.get(id(x), self.layers.context_tag())
+                    node.meta["layer"] = tag
+                self._produced(x, node, tag)
             return node
         if isinstance(x, (list, tuple)):
             return type(x)(self._arg(v) for v in x)
@@ -128,11 +140,108 @@ class _Recorder(TorchDispatchMode):
         outputs = _flat_tensors(out)
         node.meta["val"] = ops.snapshot(out if outputs else written)  # in-place ops: what they wrote
         node.meta["in"] = ops.snapshot((args, kwargs))                  # input shapes/dtypes, for costs
-        for t in outputs + written:
-            self._produced(t, node)
+        if self.layers is not None:
+            self._tag(node, func, args, kwargs, out, outputs, written)
+        else:
+            for t in outputs + written:
+                self._produced(t, node)
         if func in (torch.ops.aten.lift_fresh.default, torch.ops.aten.lift_fresh_copy.default):
             self.lifted.update(id(t) for t in _flat_tensors(out))
         return out
+
+
+    def _tag(self, node, func, args, kwargs, out, outputs, written) -> None:
+        """Tag ``node`` (and each tensor it produced) with the repeated layer it belongs to, for
+        ``replicate``: a node's own tag (``meta["layer"]``), and one tag per tensor of its inputs
+        (``meta["in_tags"]``) and of its value (``meta["val_tags"]``), because a foreach op's lists
+        hold every layer's tensors at once."""
+        tags = self.layers
+        tag_tree = lambda x: _map_tensors(x, self._tag_of)  # noqa: E731
+        node.meta["in_tags"] = tag_tree((args, kwargs))
+        foreach = func.__name__.startswith("_foreach_") or "foreach" in func.__name__
+        if foreach:
+            own = None  # one op over every parameter: global, its lists are expanded per layer
+        else:
+            own = tags.context_tag()
+            if own is None and tags.infer_from_inputs:  # a per-parameter optimizer op
+                found = {t for t in _flat_leaves(node.meta["in_tags"]) if t is not None}
+                own = found.pop() if len(found) == 1 else (LayerTags.MIXED if found else None)
+        node.meta["layer"] = own
+        if foreach:
+            first_list = next((a for a in args if isinstance(a, (list, tuple))), [])
+            first_tags = [self._tag_of(t) if isinstance(t, torch.Tensor) else None for t in first_list]
+            out_tags = first_tags if len(outputs) == len(first_tags) else [None] * len(outputs)
+        else:
+            out_tags = [own] * len(outputs)
+        written_tags = [self._tag_of(t) if foreach else own for t in written]
+        node.meta["val_tags"] = out_tags if outputs else written_tags
+        for t, tag in zip(outputs + written, out_tags + written_tags):
+            self._produced(t, node, tag)
+
+
+@dataclass
+class LayerTags:
+    """Which layer of a repeated stack (``model.layers``) each recorded op belongs to.
+
+    Forward ops are tagged by hooks on the stack's modules; backward ops by the autograd node that
+    runs them (its sequence number falls in the window its layer's forward created, or it accumulates
+    the gradient of that layer's parameter); per-parameter optimizer ops by the tensors they touch."""
+
+    MIXED = -1
+
+    seeded: dict[int, int | None] = dataclasses.field(default_factory=dict)
+    """id(tensor) -> layer, for parameters, optimizer state and step counters."""
+    windows: list[tuple[int, int, int]] = dataclasses.field(default_factory=list)
+    """(first, end) autograd sequence numbers created by each layer's forward, and the layer."""
+    current: int | None = None
+    infer_from_inputs: bool = False
+
+    def context_tag(self) -> int | None:
+        if self.current is not None:
+            return self.current
+        node = torch._C._current_autograd_node()
+        if node is None:
+            return None
+        variable = getattr(node, "variable", None)
+        if variable is not None:  # AccumulateGrad: the parameter's layer
+            return self.seeded.get(id(variable))
+        seq = node._sequence_nr()
+        for first, end, layer in self.windows:
+            if first <= seq < end:
+                return layer
+        return None
+
+    def hook(self, stack: torch.nn.ModuleList) -> list:
+        handles = []
+        for k, module in enumerate(stack):
+            def pre(_module, _args, k=k):
+                self.current = k
+                self._first = torch.autograd._get_sequence_nr()
+
+            def post(_module, _args, _out, k=k):
+                self.windows.append((self._first, torch.autograd._get_sequence_nr(), k))
+                self.current = None
+
+            handles += [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
+        return handles
+
+
+def _map_tensors(x, fn):
+    if isinstance(x, torch.Tensor):
+        return fn(x)
+    if isinstance(x, (list, tuple)):
+        return [_map_tensors(v, fn) for v in x]
+    if isinstance(x, dict):
+        return {k: _map_tensors(v, fn) for k, v in x.items()}
+    return None
+
+
+def _flat_leaves(x) -> list:
+    if isinstance(x, (list, tuple)):
+        return [t for v in x for t in _flat_leaves(v)]
+    if isinstance(x, dict):
+        return [t for v in x.values() for t in _flat_leaves(v)]
+    return [x]
 
 
 def written_tensors(func, args, kwargs) -> list[torch.Tensor]:
@@ -218,6 +327,19 @@ def _trace_cached(config: StepConfig) -> TracedStep:
     start = time.perf_counter()
     precision = get_precision(config.precision)
     workload = build(config.spec, config.shape, "meta", precision.param_dtype)
+    if replicate.enabled():
+        traced = replicate.trace_by_replication(config, workload, _record)
+        if traced is not None:
+            return dataclasses.replace(traced, trace_s=time.perf_counter() - start)
+    graph = _record(config, workload)
+    return TracedStep(graph, config, workload.shape or config.shape, workload.family, workload.modality,
+                      workload.param_count, time.perf_counter() - start)
+
+
+def _record(config: StepConfig, workload, stack: str | None = None) -> torch.fx.Graph:
+    """Record the step of ``workload`` into a graph. With ``stack`` (the path of a ModuleList of
+    repeated layers, e.g. ``model.layers``), every node is tagged with its layer (``meta["layer"]``)."""
+    precision = get_precision(config.precision)
     model = workload.model
     named_params = dict(model.named_parameters())
     named_buffers = dict(model.named_buffers())
@@ -242,7 +364,24 @@ def _trace_cached(config: StepConfig) -> TracedStep:
     graph = torch.fx.Graph()
     # On a GPU, non-capturable optimizers keep their step counters on the host: no kernels. On a CPU,
     # counting the step is one more op like the others.
-    recorder = _Recorder(graph, host={id(t) for t in steps} if config.target == "cuda" else set())
+    layers = None
+    if stack is not None:
+        layers = LayerTags()
+        layer_of = {}  # parameter name -> index in the stack
+        for name in named_params:
+            if name.startswith(stack + "."):
+                layer_of[name] = int(name[len(stack) + 1:].split(".", 1)[0])
+        trainable_names = [k for k, p in named_params.items() if p.requires_grad]
+        for name, t in inputs["params"].items():
+            layers.seeded[id(t)] = layer_of.get(name)
+        for per_state in inputs["state"]:
+            for name, t in zip(trainable_names, per_state):
+                layers.seeded[id(t)] = layer_of.get(name)
+        for name, t in zip(trainable_names, steps):
+            layers.seeded[id(t)] = layer_of.get(name)
+        handles = layers.hook(model.get_submodule(stack))
+    recorder = _Recorder(graph, host={id(t) for t in steps} if config.target == "cuda" else set(),
+                         layers=layers)
     for group, tensors in inputs.items():
         for i, t in enumerate(_flat_tensors(tensors)):
             recorder.placeholder(f"{group}_{i}", t)
@@ -269,6 +408,8 @@ def _trace_cached(config: StepConfig) -> TracedStep:
             loss.backward()
             grads = [p.grad for p in trainable]
             mark("optimizer")
+            if layers is not None:
+                layers.infer_from_inputs = True
             for g in grads:  # which kernel finalises which gradient: for the all-reduce overlap model
                 node = recorder.node_of(g) if g is not None else None
                 if node is not None:
@@ -292,11 +433,14 @@ def _trace_cached(config: StepConfig) -> TracedStep:
     except Exception as e:
         raise TraceError(f"could not trace a training step of {config.spec} "
                          f"({config.precision}): {type(e).__name__}: {e}") from e
+    finally:
+        if stack is not None:
+            for handle in handles:
+                handle.remove()
 
     _annotate_phases(graph, marks)
     _drop_unused_constants(graph)
-    return TracedStep(graph, config, workload.shape or config.shape, workload.family, workload.modality,
-                      workload.param_count, time.perf_counter() - start)
+    return graph
 
 
 class TraceError(RuntimeError):
@@ -310,8 +454,11 @@ def _annotate_phases(graph: torch.fx.Graph, marks: dict[str, int]) -> None:
 
 
 def _drop_unused_constants(graph: torch.fx.Graph) -> None:
-    """Constants lifted only for host-side ops (``torch.tensor(1.0)`` for Adam's step counters)."""
+    """Constants lifted only for host-side ops (``torch.tensor(1.0)`` for Adam's step counters), and the
+    outside tensors that only they read."""
     for node in reversed(list(graph.nodes)):
         if node.op == "call_function" and not node.users and node.target in (
                 torch.ops.aten.lift_fresh.default, torch.ops.aten.lift_fresh_copy.default):
+            graph.erase_node(node)
+        elif node.op == "placeholder" and not node.users and node.target.startswith("external_"):
             graph.erase_node(node)
