@@ -71,6 +71,15 @@ def to_data(traced: TracedStep):
     """Convert a traced step into ``(torch_geometric.data.Data, StepSummary)``."""
     from torch_geometric.data import Data
 
+    tensors, summary = to_tensors(traced)
+    data = Data(**tensors)
+    data.num_nodes = tensors["x"].shape[0]
+    return data, summary
+
+
+def to_tensors(traced: TracedStep) -> tuple[dict[str, torch.Tensor], StepSummary]:
+    """The graph's tensors (``Data`` fields: x, x_cat, edge_index, edge_attr, u, phase, grad_bytes) and
+    summary, without importing torch_geometric (a forked trace worker need not pay for it)."""
     precision = get_precision(traced.config.precision)
     nodes = list(traced.graph.nodes)
     source: dict[torch.fx.Node, dict[int, float]] = {}  # fx node -> {kept index: bytes it carries}
@@ -118,7 +127,7 @@ def to_data(traced: TracedStep):
     edge_index = (torch.tensor(list(edges.keys()), dtype=torch.long).t().contiguous()
                   if edges else torch.zeros(2, 0, dtype=torch.long))
     edge_attr = torch.tensor([[_log(b)] for b in edges.values()], dtype=torch.float32).reshape(-1, 1)
-    data = Data(
+    tensors = dict(
         x=torch.tensor(x, dtype=torch.float32).reshape(-1, NODE_FEATURES),
         x_cat=torch.tensor(x_cat, dtype=torch.long).reshape(-1, 4),
         edge_index=edge_index,
@@ -127,8 +136,7 @@ def to_data(traced: TracedStep):
         phase=torch.tensor(phase, dtype=torch.long),
         grad_bytes=torch.tensor(grad_bytes, dtype=torch.float64),
     )
-    data.num_nodes = len(costs)
-    return data, summary
+    return tensors, summary
 
 
 def _input_pairs(node: torch.fx.Node) -> list[tuple[torch.fx.Node, torch.Tensor]]:

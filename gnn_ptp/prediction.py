@@ -142,10 +142,10 @@ def _build_graph(config: StepConfig) -> tuple[dict, dict]:
     from gnn_ptp.trace import trace_step
 
     traced = trace_step(config)
-    data, summary = graph_mod.to_data(traced)
+    tensors, summary = graph_mod.to_tensors(traced)
     info = {"summary": dataclasses.asdict(summary), "family": traced.family, "param_count": traced.param_count,
             "shape": dataclasses.asdict(traced.shape)}
-    return {k: data[k] for k in _DATA_FIELDS}, info
+    return {k: tensors[k] for k in _DATA_FIELDS}, info
 
 
 def _graphs(configs: list[StepConfig], use_disk_cache: bool = True) -> list[tuple[dict, dict]]:
