@@ -477,6 +477,8 @@ def format_predictions(preds: list[Prediction]) -> str:
     if first.top_ops:
         top = ", ".join(f"{t['op']} {_ms(t['ms'])}" for t in fastest.top_ops)
         lines.append(f"where the time goes ({fastest.precision}): {top}")
+    if first.hardware == "cpu" and any(p.peak_memory_bytes for p in preds):
+        lines.append(CPU_MEMORY_NOTE)
     lines += [f"warning: {w}" for w in _merge_warnings(preds)]
     return "\n".join(lines)
 
@@ -510,6 +512,10 @@ def _bytes(n: float) -> str:
     if n >= 1e9:
         return f"{n / 1e9:.1f} GB"
     return f"{n / 1e6:.0f} MB" if n >= 1e6 else f"{n / 1e3:.0f} kB"
+
+
+CPU_MEMORY_NOTE = ("note: peak mem is a rough guide from a CPU checkpoint: it learned from the growth of the "
+                   "process's peak RSS, which an allocator reusing freed memory keeps low")
 
 
 def _ms(ms: float) -> str:

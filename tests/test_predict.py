@@ -425,3 +425,13 @@ def test_small_peak_memory_is_shown_in_kilobytes_not_as_zero_megabytes():
         return next(line for line in text.splitlines() if line.startswith("fp32")).split(maxsplit=7)[-1]
 
     assert [mem(n) for n in (420e3, 3.4e6, 2.25e9)] == ["420 kB", "3 MB", "2.2 GB"]
+
+
+def test_cpu_checkpoint_tables_say_their_peak_memory_is_rough():
+    from dataclasses import replace
+
+    from gnn_ptp.prediction import CPU_MEMORY_NOTE, format_predictions
+
+    cpu = replace(_row("fp32", 1.0), hardware="cpu", peak_memory_bytes=3e6)
+    assert CPU_MEMORY_NOTE in format_predictions([cpu]).splitlines()
+    assert CPU_MEMORY_NOTE not in format_predictions([replace(cpu, hardware="h100")])
