@@ -404,10 +404,10 @@ def describe_fabric(fabric: Fabric, rows: list[dict]) -> list[str]:
 
 def fit_table() -> str:
     """The fitted fabrics and their errors (``python -m gnn_ptp.comm``)."""
-    lines = []
+    lines, rows = [], load_measurements()
     for f in fabrics().values():
         lines.append(f"{f.name}, {f.measured_gpus} GPUs ({f.description})")
-        lines += ["    " + line for line in describe_fabric(f, load_measurements())]
+        lines += ["    " + line for line in describe_fabric(f, rows)]
     return "\n".join(lines)
 
 

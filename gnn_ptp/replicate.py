@@ -266,24 +266,16 @@ def _expand_lists(node, meta, ref, last_copy):
         raise NotReplicable(f"{node.format_node()}: layer-2 entries outside any list")
     start, end, length = span
 
-    def grow(values, element):
-        """``values`` (a list of the aligned length) with its layer-2 stretch repeated per copy."""
-        values = list(values)
-        middle = [element(v, copy) for copy in range(TEMPLATE, last_copy + 1) for v in values[start:end]]
-        return [element(v, None) for v in values[:start]] + middle + [element(v, None) for v in values[end:]]
-
     def new_arg(a, tags):
         if isinstance(a, (list, tuple)) and len(a) == length:
-            tags = tags if isinstance(tags, list) and len(tags) == length else [None] * length
-            pairs = list(zip(a, tags))
-            grown = grow(pairs, lambda p, copy: _element(p, copy, ref))
-            return type(a)(grown) if isinstance(a, list) else tuple(grown)
+            return type(a)(_grow(a, start, end, last_copy, lambda v, copy: _element(v, copy, ref)))
         if isinstance(a, (list, tuple)) and _has_template_elements(tags):
             raise NotReplicable(f"{node.format_node()}: lists of different lengths hold layer-2 tensors")
         return torch.fx.node.map_arg(a, lambda y: ref(y, None, None))
 
     def new_meta(m):
-        return type(m)(grow(m, lambda v, copy: _fresh(v))) if isinstance(m, (list, tuple)) and len(m) == length else m
+        return type(m)(_grow(m, start, end, last_copy, lambda v, copy: _fresh(v))) \
+            if isinstance(m, (list, tuple)) and len(m) == length else m
 
     args = tuple(new_arg(a, t) for a, t in zip(node.args, tags_args))
     kwargs = {k: new_arg(v, tags_kwargs.get(k)) for k, v in node.kwargs.items()}
@@ -291,9 +283,16 @@ def _expand_lists(node, meta, ref, last_copy):
     val, val_tags = meta.get("val"), meta.get("val_tags")
     if isinstance(val, (list, tuple)) and isinstance(val_tags, list) and TEMPLATE in val_tags:
         s, e, _ = _template_span([val_tags])
-        copies = [_fresh(v) for _ in range(TEMPLATE, last_copy + 1) for v in val[s:e]]
-        meta["val"] = type(val)(list(val[:s]) + copies + list(val[e:]))
+        meta["val"] = type(val)(_grow(val, s, e, last_copy, lambda v, copy: _fresh(v)))
     return args, kwargs, meta
+
+
+def _grow(values, start: int, end: int, last_copy: int, element) -> list:
+    """``values`` with its layer-2 stretch ``[start, end)`` repeated for copies 2 .. ``last_copy``; each
+    entry passed through ``element(value, copy)`` (copy None outside the stretch)."""
+    values = list(values)
+    middle = [element(v, copy) for copy in range(TEMPLATE, last_copy + 1) for v in values[start:end]]
+    return [element(v, None) for v in values[:start]] + middle + [element(v, None) for v in values[end:]]
 
 
 def _fresh(value):
@@ -301,8 +300,8 @@ def _fresh(value):
     return copy.copy(value) if isinstance(value, TensorMeta) else value
 
 
-def _element(pair, copy, ref):
-    arg, _element_tag = pair
+def _element(arg, copy, ref):
+    """A list entry of a global node, as seen from copy ``copy`` of the layer-2 stretch (None: outside it)."""
     if not isinstance(arg, torch.fx.Node):
         return arg
     owner = arg.meta.get("layer")

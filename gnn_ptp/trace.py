@@ -89,13 +89,17 @@ class _Recorder(TorchDispatchMode):
         self.externals = 0
         self.layers = layers  # when set, every node is tagged with the repeated layer it belongs to
 
-    def node_of(self, t: torch.Tensor) -> torch.fx.Node | None:
+    def _entry(self, t: torch.Tensor) -> tuple | None:
         entry = self.producer.get(id(t))
-        return entry[1] if entry is not None and entry[0]() is t else None
+        return entry if entry is not None and entry[0]() is t else None
+
+    def node_of(self, t: torch.Tensor) -> torch.fx.Node | None:
+        entry = self._entry(t)
+        return entry[1] if entry is not None else None
 
     def _tag_of(self, t: torch.Tensor) -> int | None:
-        entry = self.producer.get(id(t))
-        return entry[2] if entry is not None and entry[0]() is t else None
+        entry = self._entry(t)
+        return entry[2] if entry is not None else None
 
     def _produced(self, t: torch.Tensor, node: torch.fx.Node, tag: int | None = None) -> None:
         self.producer[id(t)] = (weakref.ref(t), node, tag)
@@ -103,9 +107,9 @@ class _Recorder(TorchDispatchMode):
     def placeholder(self, name: str, t: torch.Tensor) -> None:
         node = self.graph.placeholder(name)
         node.meta["val"] = ops.TensorMeta(t)
-        tag = self.layers.seeded.get(id(t)) if self.layers is not None else None
+        tag = None
         if self.layers is not None:
-            node.meta["layer"] = tag
+            tag = node.meta["layer"] = self.layers.seeded.get(id(t))
         self._produced(t, node, tag)
 
     def _arg(self, x):
@@ -117,8 +121,7 @@ class _Recorder(TorchDispatchMode):
                 node.meta["val"] = ops.TensorMeta(x)
                 tag = None
                 if self.layers is not None:
-                    tag = self.layers.seeded.get(id(x), self.layers.context_tag())
-                    node.meta["layer"] = tag
+                    tag = node.meta["layer"] = self.layers.seeded.get(id(x), self.layers.context_tag())
                 self._produced(x, node, tag)
             return node
         if isinstance(x, (list, tuple)):
@@ -141,7 +144,7 @@ class _Recorder(TorchDispatchMode):
         node.meta["val"] = ops.snapshot(out if outputs else written)  # in-place ops: what they wrote
         node.meta["in"] = ops.snapshot((args, kwargs))                  # input shapes/dtypes, for costs
         if self.layers is not None:
-            self._tag(node, func, args, kwargs, out, outputs, written)
+            self._tag(node, func, args, kwargs, tensors, outputs, written)
         else:
             for t in outputs + written:
                 self._produced(t, node)
@@ -149,22 +152,19 @@ class _Recorder(TorchDispatchMode):
             self.lifted.update(id(t) for t in _flat_tensors(out))
         return out
 
-
-    def _tag(self, node, func, args, kwargs, out, outputs, written) -> None:
+    def _tag(self, node, func, args, kwargs, inputs, outputs, written) -> None:
         """Tag ``node`` (and each tensor it produced) with the repeated layer it belongs to, for
         ``replicate``: a node's own tag (``meta["layer"]``), and one tag per tensor of its inputs
         (``meta["in_tags"]``) and of its value (``meta["val_tags"]``), because a foreach op's lists
         hold every layer's tensors at once."""
-        tags = self.layers
-        tag_tree = lambda x: _map_tensors(x, self._tag_of)  # noqa: E731
-        node.meta["in_tags"] = tag_tree((args, kwargs))
-        foreach = func.__name__.startswith("_foreach_") or "foreach" in func.__name__
+        node.meta["in_tags"] = _map_tensors((args, kwargs), self._tag_of)
+        foreach = "foreach" in func.__name__  # _foreach_*, _amp_foreach_non_finite_check_and_unscale_
         if foreach:
             own = None  # one op over every parameter: global, its lists are expanded per layer
         else:
-            own = tags.context_tag()
-            if own is None and tags.infer_from_inputs:  # a per-parameter optimizer op
-                found = {t for t in _flat_leaves(node.meta["in_tags"]) if t is not None}
+            own = self.layers.context_tag()
+            if own is None and self.layers.infer_from_inputs:  # a per-parameter optimizer op
+                found = {self._tag_of(t) for t in inputs} - {None}
                 own = found.pop() if len(found) == 1 else (LayerTags.MIXED if found else None)
         node.meta["layer"] = own
         if foreach:
@@ -211,6 +211,21 @@ class LayerTags:
                 return layer
         return None
 
+    @classmethod
+    def seeded_from(cls, stack: str, named_params: dict, inputs: dict, steps: list) -> "LayerTags":
+        """Tags with each parameter of ``stack`` (``model.layers.<k>.…``), its optimizer state and its
+        step counter seeded with its layer ``k``."""
+        tags = cls()
+        layer_of = {name: int(name[len(stack) + 1:].split(".", 1)[0])
+                    for name in named_params if name.startswith(stack + ".")}
+        trainable_names = [k for k, p in named_params.items() if p.requires_grad]
+        for name, t in inputs["params"].items():
+            tags.seeded[id(t)] = layer_of.get(name)
+        for per_param in (*inputs["state"], steps):
+            for name, t in zip(trainable_names, per_param):
+                tags.seeded[id(t)] = layer_of.get(name)
+        return tags
+
     def hook(self, stack: torch.nn.ModuleList) -> list:
         handles = []
         for k, module in enumerate(stack):
@@ -234,14 +249,6 @@ def _map_tensors(x, fn):
     if isinstance(x, dict):
         return {k: _map_tensors(v, fn) for k, v in x.items()}
     return None
-
-
-def _flat_leaves(x) -> list:
-    if isinstance(x, (list, tuple)):
-        return [t for v in x for t in _flat_leaves(v)]
-    if isinstance(x, dict):
-        return [t for v in x.values() for t in _flat_leaves(v)]
-    return [x]
 
 
 def written_tensors(func, args, kwargs) -> list[torch.Tensor]:
@@ -366,19 +373,7 @@ def _record(config: StepConfig, workload, stack: str | None = None) -> torch.fx.
     # counting the step is one more op like the others.
     layers = None
     if stack is not None:
-        layers = LayerTags()
-        layer_of = {}  # parameter name -> index in the stack
-        for name in named_params:
-            if name.startswith(stack + "."):
-                layer_of[name] = int(name[len(stack) + 1:].split(".", 1)[0])
-        trainable_names = [k for k, p in named_params.items() if p.requires_grad]
-        for name, t in inputs["params"].items():
-            layers.seeded[id(t)] = layer_of.get(name)
-        for per_state in inputs["state"]:
-            for name, t in zip(trainable_names, per_state):
-                layers.seeded[id(t)] = layer_of.get(name)
-        for name, t in zip(trainable_names, steps):
-            layers.seeded[id(t)] = layer_of.get(name)
+        layers = LayerTags.seeded_from(stack, named_params, inputs, steps)
         handles = layers.hook(model.get_submodule(stack))
     recorder = _Recorder(graph, host={id(t) for t in steps} if config.target == "cuda" else set(),
                          layers=layers)
