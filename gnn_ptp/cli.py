@@ -123,6 +123,21 @@ def add_collect_parser(sub) -> None:
     p.add_argument("--ddp", action="store_true", help="measure DDP steps (run under torchrun)")
     p.add_argument("--bucket-cap-mb", type=float, default=d.bucket_cap_mb)
     p.add_argument("--allow-dir-mismatch", action="store_true")
+    p.add_argument("--mode", default=d.mode, choices=("auto", "harvest", "classic"),
+                   help="harvest: one model per shape, precision classes swept over it, time-bounded timing, "
+                        "per-op profiles; classic: one model per record; auto (default): harvest unless --ddp")
+    p.add_argument("--harvest-steps", type=_positive_int, default=d.harvest_steps,
+                   help=f"harvest: timed steps per record, at most (default {d.harvest_steps})")
+    p.add_argument("--harvest-time-s", type=_positive_float, default=d.harvest_time_s,
+                   help=f"harvest: ... or as many as fit in this many seconds (default {d.harvest_time_s})")
+    p.add_argument("--harvest-min-steps", type=_positive_int, default=d.harvest_min_steps,
+                   help=f"harvest: ... but at least this many (default {d.harvest_min_steps})")
+    p.add_argument("--profile", default=d.profile, choices=("sample", "all", "none"),
+                   help="harvest: profile one extra step of a sample of records (default), every record, or none")
+    p.add_argument("--profile-share", type=float, default=d.profile_share,
+                   help=f"harvest: largest share of the wall time profiling may take (default {d.profile_share})")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the plan (configurations by tier, family and status, skip rules) and measure nothing")
     p.set_defaults(run=run_collect)
 
 
@@ -134,7 +149,14 @@ def run_collect(args) -> int:
                         overhead_target=args.overhead_target, budget_s=args.budget_s,
                         retry_errors=args.retry_errors, repeat=args.repeat, limit=args.limit,
                         threads=args.threads, ddp=args.ddp, bucket_cap_mb=args.bucket_cap_mb,
-                        allow_dir_mismatch=args.allow_dir_mismatch)
+                        allow_dir_mismatch=args.allow_dir_mismatch, mode=args.mode, harvest_steps=args.harvest_steps,
+                        harvest_time_s=args.harvest_time_s, harvest_min_steps=args.harvest_min_steps,
+                        profile=args.profile, profile_share=args.profile_share)
+    if args.dry_run:
+        from gnn_ptp.grid import format_plan
+
+        print(format_plan(cfg))
+        return 0
     counts = collect(cfg)
     return 130 if counts["interrupted"] else 0
 

@@ -68,6 +68,21 @@ class CollectConfig:
     bucket_cap_mb: float = 25.0
     allow_dir_mismatch: bool = False
     """Write even if the folder's name is not the hardware's label (h100 data into datasets/h200...)."""
+    mode: str = "auto"
+    """harvest (one model per shape, all precision classes swept over it, time-bounded timing, per-op
+    profiles), classic (one model per record, timed until build and warm-up are under overhead_target),
+    or auto: harvest, except under --ddp."""
+    harvest_steps: int = 20
+    """Harvest: timed steps per record, at most..."""
+    harvest_time_s: float = 0.3
+    """...or as many as fit in about this many seconds (from the warm-up's step time)..."""
+    harvest_min_steps: int = 5
+    """...but at least this many."""
+    profile: str = "sample"
+    """Harvest: one extra profiled step per record (all), for a sample covering every family x precision
+    class within profile_share of the wall time (sample), or none."""
+    profile_share: float = 0.2
+    """Largest share of the harvest's wall time that profiling may take (sample)."""
 
     def __post_init__(self):
         for name in ("warmup_steps", "min_steps", "max_steps"):
@@ -77,6 +92,25 @@ class CollectConfig:
             raise UserError(f"--overhead-target must be between 0 and 1, got {self.overhead_target}")
         if self.device not in ("auto", "cuda", "cpu"):
             raise UserError(f"--device must be auto, cuda or cpu, got {self.device!r}")
+        if self.mode not in ("auto", "harvest", "classic"):
+            raise UserError(f"--mode must be auto, harvest or classic, got {self.mode!r}")
+        if self.mode == "harvest" and self.ddp:
+            raise UserError("--mode harvest measures one process; --ddp runs the classic loop (--mode classic)")
+        if self.profile not in ("sample", "all", "none"):
+            raise UserError(f"--profile must be sample, all or none, got {self.profile!r}")
+        if not 0 <= self.profile_share < 1:
+            raise UserError(f"--profile-share must be in [0, 1), got {self.profile_share}")
+        if self.harvest_min_steps < 1 or self.harvest_steps < self.harvest_min_steps:
+            raise UserError(f"--harvest-steps ({self.harvest_steps}) must be >= --harvest-min-steps "
+                            f"({self.harvest_min_steps}) >= 1")
+        if self.harvest_time_s <= 0:
+            raise UserError(f"--harvest-time-s must be > 0, got {self.harvest_time_s}")
+        if self.budget_s is not None and self.budget_s <= 0:
+            raise UserError(f"--budget-s must be > 0, got {self.budget_s}")
+
+    @property
+    def harvest(self) -> bool:
+        return self.mode == "harvest" or (self.mode == "auto" and not self.ddp)
 
 
 def _quantiles(values: list[float]) -> dict:
@@ -326,8 +360,30 @@ def _raise_keyboard_interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
-def collect(cfg: CollectConfig) -> dict:
-    """Run the grid; return counts of what was measured. See the module docstring."""
+@dataclass
+class Plan:
+    """What a collection run will do: where, on what, and which configurations are left to measure."""
+
+    device: torch.device
+    env: dict
+    out: Path
+    grid_name: str
+    file_name: str
+    configs: list[dict]
+    """Every configuration of the grid this device can run."""
+    todo: list[tuple[str, dict]]
+    """(key, config) still to measure, in grid order."""
+    held: list[dict]
+    """The records the folder already holds."""
+    skipped_precision: int
+    ddp: dict | None
+    rank: int = 0
+    world: int = 1
+
+
+def plan(cfg: CollectConfig) -> Plan:
+    """Set up the device (and the process group under --ddp), check the folder, read the grid and the
+    records already held; no measuring."""
     ddp = None
     rank, world = 0, 1
     if cfg.ddp:
@@ -368,9 +424,9 @@ def collect(cfg: CollectConfig) -> dict:
         skipped_precision = len(configs) - len(kept)
         configs = kept
     file_name = f"{name}{'-ddp' if ddp else ''}.jsonl"
-    done: dict[str, str] = {}
-    if out.exists():
-        done = {r["key"]: r["status"] for r in records.iter_records(out) if "key" in r}
+    held = list(records.iter_records(out)) if out.exists() else []
+    done = {r["key"]: r["status"] for r in held if "key" in r}
+    retried = ("error", "skipped") if cfg.retry_errors else ()
     todo = []
     for config in configs:
         key = records.config_key(config, hardware, ddp)
@@ -378,15 +434,26 @@ def collect(cfg: CollectConfig) -> dict:
             if done.get(key) == "ok":
                 todo.append((key, config))
             continue
-        if key in done and not (cfg.retry_errors and done[key] == "error"):
+        if key in done and done[key] not in retried:
             continue
         todo.append((key, config))
     if cfg.limit is not None:
         todo = todo[:cfg.limit]
     _validate_specs([config for _, config in todo])
+    return Plan(device, env, out, name, file_name, configs, todo, held, skipped_precision, ddp, rank, world)
 
-    counts = {"grid": len(configs), "already": 0 if cfg.repeat else len(configs) - len(todo), "ok": 0, "oom": 0, "error": 0,
-              "skipped_precision": skipped_precision, "interrupted": False, "stopped_for_budget": False}
+
+def collect(cfg: CollectConfig) -> dict:
+    """Run the grid; return counts of what was measured. See the module docstring."""
+    if cfg.harvest:
+        from gnn_ptp.harvest import harvest
+
+        return harvest(cfg)
+    p = plan(cfg)
+    device, env, out, name, todo, ddp, rank, world = p.device, p.env, p.out, p.grid_name, p.todo, p.ddp, p.rank, p.world
+    file_name, hardware = p.file_name, env["hardware"]
+    counts = {"grid": len(p.configs), "already": 0 if cfg.repeat else len(p.configs) - len(todo), "ok": 0, "oom": 0,
+              "error": 0, "skipped_precision": p.skipped_precision, "interrupted": False, "stopped_for_budget": False}
     if rank == 0:
         print(f"gnn-ptp collect: {len(todo)} to measure, {counts['already']} already in {out} "
               f"({hardware}: {env['device_name']}, torch {env['torch']})", file=sys.stderr)
@@ -418,7 +485,8 @@ def collect(cfg: CollectConfig) -> dict:
                 result["ddp"] = {**ddp, "per_rank_step_ms_median": medians}
             counts[result["status"]] += 1
             if rank == 0:
-                record = {"schema": records.SCHEMA_VERSION, "key": key, "config": config, **result,
+                record = {"schema": records.SCHEMA_VERSION, "key": key,
+                          "config": {k: config.get(k) for k in records.CONFIG_FIELDS}, **result,
                           "env": env, "timestamp": records.now_utc(), "grid": name, "repeat": cfg.repeat}
                 records.append_record(record, out, file_name)
             progress.update(_label(config), result["status"])

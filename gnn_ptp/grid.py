@@ -18,7 +18,19 @@
     samples = 2                           # shapes drawn per seed
     max_params = 20_000_000               # skip seeds whose model is larger
 
-Entries are interleaved round-robin so that a run cut short by its budget has covered every entry.
+    [[model]]
+    spec = "hf:llama"
+    tier = 2                              # tiers run in order: tier 1 first (default 1)
+
+    [[skip]]                              # recorded as skipped, never measured
+    spec = "hf:llama"
+    batch_size_min = 8
+    precisions = ["fp32", "tf32", "torch-default"]
+    torch_below = "2.14"                  # only where the installed torch is older
+    reason = "GQA attention takes the math path before torch 2.14: > 80 GB"
+
+Entries are interleaved round-robin within a tier, so that a run cut short by its budget has covered
+every entry of the tiers it reached; batch sizes run ascending within an entry.
 """
 
 from __future__ import annotations
@@ -32,10 +44,11 @@ from gnn_ptp.errors import UserError, closest
 from gnn_ptp.precision import PRECISION_NAMES
 from gnn_ptp.trace import OPTIMIZERS
 
-TOP_KEYS = {"name", "description", "precisions", "optimizers", "model", "random"}
-MODEL_KEYS = {"spec", "set", "task", "batch_size", "seq_len", "image_size", "precisions", "optimizers"}
+TOP_KEYS = {"name", "description", "precisions", "optimizers", "model", "random", "skip"}
+MODEL_KEYS = {"spec", "set", "task", "batch_size", "seq_len", "image_size", "precisions", "optimizers", "tier"}
 RANDOM_KEYS = {"kind", "seeds", "set", "batch_size", "seq_len", "image_size", "samples", "max_params",
-               "precisions", "optimizers"}
+               "precisions", "optimizers", "tier"}
+SKIP_KEYS = {"spec", "set", "batch_size_min", "seq_len_min", "precisions", "torch_below", "reason"}
 
 
 def _check_keys(where: str, table: dict, allowed: set[str]) -> None:
@@ -70,19 +83,65 @@ def load_grid(path: str | Path) -> tuple[str, list[dict]]:
     _check_keys(str(path), grid, TOP_KEYS)
     default_precisions = grid.get("precisions", list(PRECISION_NAMES))
     default_optimizers = grid.get("optimizers", ["adamw"])
-    entries: list[list[dict]] = []
+    tiers: dict[int, list[list[dict]]] = {}
     for i, entry in enumerate(grid.get("model", [])):
         where = f"{path} [[model]] #{i + 1}"
         _check_keys(where, entry, MODEL_KEYS)
         if "spec" not in entry:
             raise UserError(f"{where}: missing 'spec'")
-        entries.append(_expand_model(where, entry, default_precisions, default_optimizers))
+        tiers.setdefault(_tier(where, entry), []).append(
+            _expand_model(where, entry, default_precisions, default_optimizers))
     for i, entry in enumerate(grid.get("random", [])):
         where = f"{path} [[random]] #{i + 1}"
         _check_keys(where, entry, RANDOM_KEYS)
-        entries.append(_expand_random(where, entry, default_precisions, default_optimizers))
-    configs = [c for group in itertools.zip_longest(*entries) for c in group if c is not None]
+        tiers.setdefault(_tier(where, entry), []).append(
+            _expand_random(where, entry, default_precisions, default_optimizers))
+    rules = [_skip_rule(f"{path} [[skip]] #{i + 1}", rule) for i, rule in enumerate(grid.get("skip", []))]
+    configs = []
+    for tier in sorted(tiers):
+        for group in itertools.zip_longest(*tiers[tier]):
+            for config in group:
+                if config is not None:
+                    config["tier"] = tier
+                    reason = next((r["reason"] for r in rules if _matches(r, config)), None)
+                    if reason:
+                        config["_skip"] = reason
+                    configs.append(config)
     return grid.get("name", path.stem), configs
+
+
+def _tier(where: str, entry: dict) -> int:
+    tier = entry.get("tier", 1)
+    if not isinstance(tier, int) or isinstance(tier, bool) or tier < 1:
+        raise UserError(f"{where}: tier must be a positive integer, got {tier!r}")
+    return tier
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split("+")[0].split(".")[:2] if x.isdigit())
+
+
+def _skip_rule(where: str, rule: dict) -> dict:
+    _check_keys(where, rule, SKIP_KEYS)
+    for key in ("spec", "reason"):
+        if not isinstance(rule.get(key), str):
+            raise UserError(f"{where}: {key!r} (a string) is required")
+    _check_names(where, rule.get("precisions", list(PRECISION_NAMES)), PRECISION_NAMES, "precision")
+    if "torch_below" in rule and len(_version(str(rule["torch_below"]))) != 2:
+        raise UserError(f"{where}: torch_below must be a version like \"2.14\", got {rule['torch_below']!r}")
+    return rule
+
+
+def _matches(rule: dict, config: dict) -> bool:
+    """Whether a ``[[skip]]`` rule covers a configuration on the installed torch."""
+    import torch
+
+    return (config["spec"] == rule["spec"]
+            and all((config.get("set") or {}).get(k) == v for k, v in rule.get("set", {}).items())
+            and config["batch_size"] >= rule.get("batch_size_min", 0)
+            and (config.get("seq_len") or 0) >= rule.get("seq_len_min", 0)
+            and config["precision"] in rule.get("precisions", PRECISION_NAMES)
+            and ("torch_below" not in rule or _version(torch.__version__) < _version(str(rule["torch_below"]))))
 
 
 def _expand_model(where, entry, default_precisions, default_optimizers) -> list[dict]:
@@ -92,7 +151,7 @@ def _expand_model(where, entry, default_precisions, default_optimizers) -> list[
     _check_names(where, optimizers, OPTIMIZERS, "optimizer")
     out = []
     for batch, seq, image, optimizer, precision in itertools.product(
-            _list(entry.get("batch_size", 8)), _list(entry.get("seq_len")), _list(entry.get("image_size")),
+            sorted(_list(entry.get("batch_size", 8))), _list(entry.get("seq_len")), _list(entry.get("image_size")),
             optimizers, precisions):
         out.append({"spec": entry["spec"], "set": dict(entry.get("set", {})), "task": entry.get("task"),
                     "batch_size": batch, "seq_len": seq, "image_size": image,

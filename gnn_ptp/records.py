@@ -20,8 +20,9 @@ from pathlib import Path
 from gnn_ptp.errors import UserError
 from gnn_ptp.store import append_line
 
-SCHEMA_VERSION = 1
-STATUSES = ("ok", "oom", "error")
+SCHEMA_VERSION = 2
+"""2: harvest records (``id``, ``flags``, ``grad_scaler``, ``profile``) and the status ``skipped``."""
+STATUSES = ("ok", "oom", "error", "skipped")
 CONFIG_FIELDS = ("spec", "set", "task", "batch_size", "seq_len", "image_size", "precision", "optimizer")
 
 

@@ -59,9 +59,13 @@ def append_line(line: str, path: str | os.PathLike) -> None:
 
     A reader sees the line whole or not at all, even with a kill mid-way (a torn final line, possible
     only on power loss, is skipped by the reader)."""
+    append_bytes((line.rstrip("\n") + "\n").encode(), path)
+
+
+def append_bytes(data: bytes, path: str | os.PathLike) -> None:
+    """Append ``data`` with a single write() on an O_APPEND descriptor, then fsync."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    data = (line.rstrip("\n") + "\n").encode()
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         written = os.write(fd, data)
