@@ -190,3 +190,49 @@ def _expand_random(where, entry, default_precisions, default_optimizers) -> list
                                 "seq_len": seq, "image_size": image, "precision": precision,
                                 "optimizer": optimizer})
     return out
+
+
+def format_plan(cfg) -> str:
+    """``collect --dry-run``: what a grid holds, by tier and family, with model sizes, the [[skip]] rules'
+    verdicts on the installed torch, and what the output folder already holds. Measures nothing."""
+    from collections import Counter, defaultdict
+
+    import torch
+
+    from gnn_ptp import records
+    from gnn_ptp.spec import ModelSpec, Shape, build, family_of, human_count
+
+    name, configs = load_grid(cfg.grid)
+    out = Path(cfg.out)
+    held = {r.get("key"): r.get("status") for r in records.iter_records(out)} if out.exists() else {}
+    hardware = out.name
+    by_tier: dict[int, Counter] = defaultdict(Counter)
+    families: dict[str, set] = defaultdict(set)
+    sizes: dict[tuple, int] = {}
+    status = Counter()
+    for c in configs:
+        spec = ModelSpec.from_dict(c)
+        family = family_of(spec)
+        by_tier[c["tier"]][family] += 1
+        families[family].add(c["precision"])
+        model = (c["spec"], tuple(sorted((c.get("set") or {}).items())))
+        if model not in sizes and not c["spec"].startswith("random:"):
+            shape = Shape(c["batch_size"], c.get("seq_len"), c.get("image_size"))
+            sizes[model] = build(spec, shape, "meta").param_count
+        key = records.config_key(c, hardware)
+        status[held.get(key) or ("skip rule" if "_skip" in c else "to measure")] += 1
+    lines = [f"grid {name} ({cfg.grid}): {len(configs)} configurations, torch {torch.__version__}",
+             f"folder {out}: " + ", ".join(f"{n} {s}" for s, n in status.most_common())]
+    for tier in sorted(by_tier):
+        randoms = len({c["spec"] for c in configs if c["tier"] == tier and c["spec"].startswith("random:")})
+        lines.append(f"tier {tier}: {sum(by_tier[tier].values())} configurations, {len(by_tier[tier])} families, "
+                     f"{randoms} random architectures")
+    lines.append("models: " + ", ".join(f"{spec}{'*' if sets else ''} {human_count(n)}"
+                                         for (spec, sets), n in sizes.items()) + "   (* with --set overrides)")
+    incomplete = [f for f, precs in families.items() if len(precs) < 6]
+    lines.append(f"families: {len(families)}; every one in all six precision classes"
+                 if not incomplete else f"families missing precision classes: {', '.join(incomplete)}")
+    rules = Counter(c["_skip"][:90] for c in configs if "_skip" in c)
+    for reason, n in rules.items():
+        lines.append(f"skip rule ({n} configurations): {reason}...")
+    return "\n".join(lines)

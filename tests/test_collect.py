@@ -19,9 +19,10 @@ from gnn_ptp.errors import UserError
 from gnn_ptp.grid import load_grid
 from gnn_ptp.spec import build as spec_build
 
-FAST = dict(warmup_steps=1, min_steps=2, min_time_s=0.01, max_time_s=0.2, threads=1, device="cpu")
+# the classic loop (one model per record); tests/test_harvest.py covers the harvest loop
+FAST = dict(warmup_steps=1, min_steps=2, min_time_s=0.01, max_time_s=0.2, threads=1, device="cpu", mode="classic")
 FAST_ARGS = ["--warmup-steps", "1", "--min-steps", "2", "--min-time-s", "0.01", "--max-time-s", "0.2",
-             "--threads", "1", "--device", "cpu"]
+             "--threads", "1", "--device", "cpu", "--mode", "classic"]
 
 TINY_GRID = """
 name = "tiny"
