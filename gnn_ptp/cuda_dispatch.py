@@ -25,6 +25,7 @@ up to names, which ``ops.canonical`` folds together (``native_batch_norm`` vs ``
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import math
 import warnings
@@ -32,6 +33,8 @@ import warnings
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._pytree import tree_map
+
+from gnn_ptp.errors import UserError
 
 aten = torch.ops.aten
 
@@ -176,9 +179,44 @@ def attention_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_ma
     grouped = enable_gqa and q.dim() == 4 and q.shape[-3] != k.shape[-3]
     if (same_dtype and q.dim() == 4 and q.dtype != torch.float64
             and head_dim % align == 0 and v_dim % align == 0
-            and (not grouped or efficient_attention_supports_gqa())):
+            and (not grouped or (_active or kernel_choices()).efficient_gqa)):
         return "efficient"
     return "math"
+
+
+def _minor_version(version: str) -> tuple[int, int]:
+    parts = version.split("+")[0].split(".")
+    try:
+        return int(parts[0]), int(parts[1])
+    except (IndexError, ValueError):
+        raise UserError(f"torch version {version!r} is not <major>.<minor>[.<patch>]") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelChoices:
+    """The H100 kernel choices of one torch version, which a trace follows."""
+
+    torch_version: str
+    efficient_gqa: bool
+    """Memory-efficient attention takes grouped-query attention (torch >= 2.14); before, the math path."""
+
+
+def kernel_choices(torch_version: str | None = None) -> KernelChoices:
+    """The kernel choices of ``torch_version`` (a record's own torch), or of the installed torch.
+
+    A trace can follow an older torch's choices on a newer torch (the math path exists everywhere), not
+    a newer one's on an older torch whose kernels lack the feature: that is a user error that says so."""
+    if torch_version is None:
+        return KernelChoices(torch.__version__, efficient_attention_supports_gqa())
+    wants_gqa = _minor_version(torch_version) >= (2, 14)
+    if wants_gqa and not efficient_attention_supports_gqa():
+        raise UserError(f"records measured with torch {torch_version} ran grouped-query attention in the "
+                        f"memory-efficient kernel, which the installed torch {torch.__version__} cannot trace; "
+                        "install torch >= 2.14 to trace them")
+    return KernelChoices(torch_version, wants_gqa)
+
+
+_active: KernelChoices | None = None  # set by cuda_semantics for the duration of a trace
 
 
 @functools.cache
@@ -262,13 +300,15 @@ def _dropout(x, p, train):
 
 
 @contextlib.contextmanager
-def cuda_semantics(autocast_dtype: torch.dtype | None):
+def cuda_semantics(autocast_dtype: torch.dtype | None, kernels: str | None = None):
     """Within this context, ops on CPU tensors dispatch as on an H100 (see the module docstring).
 
-    ``autocast_dtype`` is the autocast dtype of the precision class, or None when autocast is off.
+    ``autocast_dtype`` is the autocast dtype of the precision class, or None when autocast is off;
+    ``kernels`` the torch version whose kernel choices to follow (None: the installed torch).
     Yields a callable that opens an autocast region (use it around forward + loss only, as users do).
     """
-    efficient_attention_supports_gqa()  # probe (cached) before any trace starts recording
+    global _active
+    previous_choices, _active = _active, kernel_choices(kernels)  # probes before any trace records
     lib = torch.library.Library("aten", "IMPL")
     state = _Autocast(autocast_dtype or torch.bfloat16)
     try:
@@ -307,6 +347,7 @@ def cuda_semantics(autocast_dtype: torch.dtype | None):
         yield autocast_region
     finally:
         lib._destroy()
+        _active = previous_choices
 
 
 @functools.cache
@@ -321,7 +362,7 @@ def autocast_cuda_ops() -> frozenset[str]:
 
 
 @contextlib.contextmanager
-def cpu_semantics(autocast_dtype: torch.dtype | None):
+def cpu_semantics(autocast_dtype: torch.dtype | None, kernels: str | None = None):
     """The CPU as it is: PyTorch's own CPU autocast and CPU kernels, for targets that are CPUs."""
 
     @contextlib.contextmanager

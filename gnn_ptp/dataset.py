@@ -43,6 +43,11 @@ class Measured:
     ms: dict[str, float]
     peak_bytes: float | None
     n_records: int
+    torch_version: str | None = None
+    """The torch that measured it: its graph is traced with that version's GPU kernel choices."""
+    params: int | None = None
+    """Parameters of the model that was measured (a check that the installed libraries build the same)."""
+    transformers_version: str | None = None
 
 
 def measured_configs(data_dir: str | Path, world_size: int = 1) -> list[Measured]:
@@ -56,8 +61,10 @@ def measured_configs(data_dir: str | Path, world_size: int = 1) -> list[Measured
     for key, rs in sorted(groups.items()):
         ms = {k: sum(r["timing"][k]["median"] for r in rs) / len(rs) for k in PHASE_KEYS}
         peaks = [r["memory"]["peak_bytes"] for r in rs if (r.get("memory") or {}).get("peak_bytes")]
-        out.append(Measured(key, rs[0]["config"], rs[0].get("family") or "?", rs[0]["env"]["hardware"], ms,
-                            sum(peaks) / len(peaks) if peaks else None, len(rs)))
+        env = rs[0]["env"]
+        out.append(Measured(key, rs[0]["config"], rs[0].get("family") or "?", env["hardware"], ms,
+                            sum(peaks) / len(peaks) if peaks else None, len(rs), env.get("torch"),
+                            rs[0].get("params"), env.get("transformers")))
     if not out:
         raise UserError(f"no usable records (status ok, world size {world_size}) in {data_dir}")
     hardware = {m.hardware for m in out}
@@ -70,21 +77,58 @@ def trace_target(hardware: str) -> str:
     return "cpu" if hardware == "cpu" else "cuda"
 
 
-def step_config_of(config: dict, target: str, precision_aware: bool = True):
+def step_config_of(config: dict, target: str, precision_aware: bool = True, kernels: str | None = None):
     from gnn_ptp.spec import ModelSpec, Shape
     from gnn_ptp.trace import StepConfig
 
     precision = config["precision"] if precision_aware else "fp32"
     return StepConfig(ModelSpec.from_dict(config),
                       Shape(config["batch_size"], config.get("seq_len"), config.get("image_size")),
-                      precision, config.get("optimizer", "adamw"), target)
+                      precision, config.get("optimizer", "adamw"), target, kernels if target == "cuda" else None)
 
 
-def graph_tensors(config: dict, target: str, precision_aware: bool = True) -> dict[str, torch.Tensor]:
+def graph_tensors(config: dict, target: str, precision_aware: bool = True, kernels: str | None = None,
+                  params: int | None = None) -> dict[str, torch.Tensor]:
+    """The graph of a measured configuration, traced with the kernel choices of the torch that measured
+    it (``kernels``). ``params``, the measured model's parameter count, must match what the installed
+    libraries build: a model whose structure changed with a transformers release is refused, not guessed."""
     from gnn_ptp.trace import trace_step
 
-    data, _ = graph_mod.to_data(trace_step(step_config_of(config, target, precision_aware)))
+    traced = trace_step(step_config_of(config, target, precision_aware, kernels))
+    if params is not None and traced.param_count != params:
+        raise TraceError(f"the installed libraries build {traced.param_count} parameters where the measured "
+                         f"model had {params}: its module structure changed since it was measured")
+    data, _ = graph_mod.to_data(traced)
     return {k: data[k] for k in _DATA_FIELDS}
+
+
+class TraceError(RuntimeError):
+    """A measured configuration whose graph cannot be rebuilt faithfully."""
+
+
+def cache_key(m: Measured) -> str:
+    """A measured configuration's graph-cache entry: its key, and the torch version whose kernel choices
+    its graph follows (when that is not the installed one)."""
+    if m.torch_version is None or m.hardware == "cpu":
+        return m.key
+    return f"{m.key}@torch{'.'.join(m.torch_version.split('+')[0].split('.')[:2])}"
+
+
+def version_notes(measured: list[Measured]) -> list[str]:
+    """What a user should know when the records were made with other library versions than installed."""
+    import transformers
+
+    notes = []
+    torches = sorted({m.torch_version for m in measured if m.torch_version and m.hardware != "cpu"})
+    if torches and any(v.split("+")[0] != torch.__version__.split("+")[0] for v in torches):
+        notes.append(f"records measured with torch {', '.join(torches)}; installed {torch.__version__}: graphs "
+                     "follow each record's own torch's kernel choices")
+    tfs = sorted({m.transformers_version for m in measured if m.transformers_version})
+    if tfs and any(v != transformers.__version__ for v in tfs):
+        notes.append(f"records measured with transformers {', '.join(tfs)}; installed {transformers.__version__}: "
+                     "its models may build a different module structure; each graph's parameter count is "
+                     "checked against its record's and a mismatch leaves the record out, said so")
+    return notes
 
 
 def _cache_path(data_dir: Path, target: str, precision_aware: bool) -> Path:
@@ -104,28 +148,30 @@ def load_graphs(data_dir: str | Path, measured: list[Measured], precision_aware:
     failures: dict[str, str] = stored.pop(_FAILED, {})  # configs that would not trace: not retried
     cache = {k: v for k, v in stored.items() if all(f in v for f in _DATA_FIELDS)}  # stale entries go
     log = log or (lambda msg: print(msg, file=sys.stderr))
-    known_failures = [m for m in measured if m.key in failures]
+    for note in version_notes(measured):
+        log(note)
+    known_failures = [m for m in measured if cache_key(m) in failures]
     if known_failures:
         log(f"{len(known_failures)} configurations could not be traced before and are left out "
-            f"(e.g. {known_failures[0].config['spec']}: {failures[known_failures[0].key]})"[:300])
-    missing = [m for m in measured if m.key not in cache and m.key not in failures]
+            f"(e.g. {known_failures[0].config['spec']}: {failures[cache_key(known_failures[0])]})"[:300])
+    missing = [m for m in measured if cache_key(m) not in cache and cache_key(m) not in failures]
     if missing:
         log(f"tracing {len(missing)} graphs ({len(cache)} cached) for {data_dir} ...")
     start, failed = time.perf_counter(), 0
-    jobs = [(m.config, target, precision_aware) for m in missing]
+    jobs = [(m.config, target, precision_aware, m.torch_version, m.params) for m in missing]
     for i, (m, result) in enumerate(zip(missing, _map(_graph_or_error, jobs)), 1):
         if isinstance(result, str):  # a config that measured fine but will not trace: skip, say so
             failed += 1
-            failures[m.key] = result[:500]
+            failures[cache_key(m)] = result[:500]
             log(f"  skipped {m.config['spec']} ({m.config['precision']}): {result}"[:300])
         else:
-            cache[m.key] = from_bytes(result)
+            cache[cache_key(m)] = from_bytes(result)
         if i % 50 == 0 or i == len(missing):
             atomic_torch_save({**cache, _FAILED: failures}, path)
             log(f"  {i}/{len(missing)} traced ({time.perf_counter() - start:.0f} s)")
     if failed:
         log(f"{failed} configurations could not be traced and are left out")
-    return cache
+    return {m.key: cache[cache_key(m)] for m in measured if cache_key(m) in cache}
 
 
 def _graph_or_error(job) -> bytes | str:

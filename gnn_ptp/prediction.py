@@ -133,6 +133,7 @@ def _graph_key(config: StepConfig) -> str:
 
     payload = {"spec": config.spec.to_dict(), "shape": dataclasses.asdict(config.shape),
                "precision": config.precision, "optimizer": config.optimizer, "target": config.target,
+               "kernels": config.kernels,
                "feature_version": graph_mod.FEATURE_VERSION, "torch": torch.__version__,
                "transformers": transformers.__version__}
     return hashlib.sha1(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:20]

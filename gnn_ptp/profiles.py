@@ -94,6 +94,7 @@ def compact(prof, device: torch.device) -> dict:
     ops.sort(key=lambda e: (e.time_range.start, -e.time_range.end))
     t0 = min((r[0] for r in ranges.values()), default=ops[0].time_range.start if ops else 0.0)
     index = {id(e): i for i, e in enumerate(ops)}
+    dtypes_of = _input_dtypes(prof, ops)
     names: dict[str, int] = {}
     sigs: dict[str, int] = {}
     sig_list: list = []
@@ -106,7 +107,7 @@ def compact(prof, device: torch.device) -> dict:
         parent = e.cpu_parent
         while parent is not None and id(parent) not in index:  # skip annotations between two ops
             parent = parent.cpu_parent
-        sig = [list(map(_shape, e.input_shapes or [])), list(getattr(e, "input_dtypes", None) or [])]
+        sig = [list(map(_shape, e.input_shapes or [])), dtypes_of(e)]
         sig_text = json.dumps(sig, separators=(",", ":"))
         if sig_text not in sigs:
             sigs[sig_text] = len(sig_list)
@@ -131,6 +132,19 @@ def compact(prof, device: torch.device) -> dict:
         if peak is not None:
             out["peak_allocated_bytes"] = peak
     return out
+
+
+def _input_dtypes(prof, ops):
+    """FunctionEvent.input_dtypes where torch has it (2.14), else the kineto event's dtypes (2.11), which
+    share the FunctionEvent's id (the correlation id)."""
+    if not ops or getattr(ops[0], "input_dtypes", None) is not None:
+        return lambda e: list(getattr(e, "input_dtypes", None) or [])
+    try:
+        by_id = {k.correlation_id(): list(k.dtypes()) for k in prof.profiler.kineto_results.events()
+                 if k.device_type() == torch.autograd.DeviceType.CPU}
+    except AttributeError:
+        by_id = {}
+    return lambda e: by_id.get(e.id, [])
 
 
 def _shape(s):

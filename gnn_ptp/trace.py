@@ -43,6 +43,9 @@ class StepConfig:
     optimizer: str = "adamw"
     target: str = "cuda"
     """``cuda`` for an NVIDIA GPU (H100, H200), ``cpu`` for a CPU."""
+    kernels: str | None = None
+    """The torch version whose GPU kernel choices the trace follows (a record's own torch, so that a graph
+    says what ran when it was measured); None: the installed torch's."""
 
     def __post_init__(self):
         get_precision(self.precision)
@@ -387,7 +390,7 @@ def _record(config: StepConfig, workload, stack: str | None = None) -> torch.fx.
 
     trainable = [p for p in inputs["params"].values() if p.requires_grad]
     try:
-        with semantics(precision.autocast_dtype) as autocast_region, fake_mode, \
+        with semantics(precision.autocast_dtype, config.kernels) as autocast_region, fake_mode, \
                 _python_optimizer_steps(10.0), recorder:
             mark("forward")
             with autocast_region():

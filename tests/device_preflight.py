@@ -57,6 +57,9 @@ def main(scratch: Path) -> int:
     if {r["id"] for r in rows} != set(found) or any(not p["ops"] for p in found.values()):
         print("FAIL: a record without its profile, or an empty profile")
         return 1
+    if not all(any(sig[1] for sig in p["sigs"]) for p in found.values()):
+        print("FAIL: profiles without input dtypes")
+        return 1
     print(f"ok: harvest on the CPU, {len(rows)} records with profiles ({time.perf_counter() - start:.1f} s)")
 
     start = time.perf_counter()

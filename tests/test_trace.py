@@ -40,6 +40,7 @@ from conftest import (
     nodes_named,
     out_dtypes,
     py_spec,
+    spec_of,
     step,
 )
 
@@ -559,3 +560,26 @@ def test_real_reference_sees_what_autocast_does(real_cuda_sequences):
     fp16 = real_cuda_sequences["bert-eager-amp-fp16"]["ops"]
     i = [op for op, _ in fp16].index("softmax")
     assert fp16[i] == ["softmax", ["float32"]] and fp16[i - 1][0] != "to_copy"  # fused half->float
+
+
+# --- version-faithful graphs: a record is traced with the kernel choices of the torch that measured it ----
+
+
+def test_trace_follows_the_kernel_choices_of_a_given_torch_version():
+    from gnn_ptp.errors import UserError
+
+    spec = spec_of(LLAMA)
+    old = canonical_ops(trace_step(StepConfig(spec, TEXT, "fp32", kernels="2.11.0+cu130")))
+    assert not old["efficient_attention"] and old["bmm"] >= 2  # 2.11 ran GQA in float32 on the math path
+    if cuda_dispatch.efficient_attention_supports_gqa():
+        new = canonical_ops(trace_step(StepConfig(spec, TEXT, "fp32", kernels="2.14.1")))
+        assert new["efficient_attention"] == 1 and not new["bmm"]
+    else:  # an older torch cannot trace a newer one's kernels: said so, not guessed
+        with pytest.raises(UserError, match="install torch >= 2.14"):
+            trace_step(StepConfig(spec, TEXT, "fp32", kernels="2.14.1"))
+    with pytest.raises(UserError, match="not <major>.<minor>"):
+        cuda_dispatch.kernel_choices("latest")
+    # half precision runs flash attention with GQA in every version: the same graph
+    a = canonical_ops(trace_step(StepConfig(spec, TEXT, "amp-bf16", kernels="2.11.0")))
+    b = canonical_ops(trace_step(StepConfig(spec, TEXT, "amp-bf16")))
+    assert a == b

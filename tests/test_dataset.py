@@ -1,0 +1,66 @@
+"""Measured records -> graphs (gnn_ptp/dataset.py): every graph is traced with the kernel choices of the
+torch version that measured its record, and a model the installed libraries build differently is left out
+with the reason, never silently traced as something else."""
+
+from __future__ import annotations
+
+import torch
+
+from gnn_ptp import cuda_dispatch, dataset, records
+
+from conftest import LLAMA
+
+CONFIG = {"spec": LLAMA[0], "set": dict(kv.split("=") for kv in LLAMA[1]), "task": None, "batch_size": 2,
+          "seq_len": 16, "image_size": None, "precision": "fp32", "optimizer": "adamw"}
+CONFIG["set"] = {k: int(v) for k, v in CONFIG["set"].items()}
+
+
+def _record(config: dict, torch_version: str, params: int | None) -> dict:
+    """A SYNTHETIC h100 record (made-up times) as if measured with ``torch_version``."""
+    timing = {k: {"median": v, "p10": v, "p90": v, "n": 5, "mean": v}
+              for k, v in (("forward_ms", 1.0), ("backward_ms", 2.0), ("optimizer_ms", 0.5), ("step_ms", 3.5))}
+    return {"schema": records.SCHEMA_VERSION, "key": records.config_key(config, "h100"), "config": config,
+            "status": "ok", "family": "llama", "params": params, "timing": timing, "memory": {"peak_bytes": 1e9},
+            "env": {"hardware": "h100", "torch": torch_version, "transformers": "5.17.0",
+                    "device_name": "NVIDIA H100 80GB HBM3"}, "timestamp": "2026-11-23T00:00:00+00:00"}
+
+
+def _write(folder, rows):
+    folder.mkdir(parents=True)
+    for r in rows:
+        records.append_record(r, folder, "h100.jsonl")
+
+
+def test_records_are_traced_with_their_own_torch_kernels(tmp_path):
+    from gnn_ptp.trace import trace_step
+
+    params = trace_step(dataset.step_config_of(CONFIG, "cuda")).param_count
+    folder = tmp_path / "h100"
+    _write(folder, [_record(CONFIG, "2.11.0+cu130", params)])
+    measured = dataset.measured_configs(folder)
+    assert measured[0].torch_version == "2.11.0+cu130" and measured[0].params == params
+    log: list[str] = []
+    graphs = dataset.load_graphs(folder, measured, log=log.append)
+    got = graphs[measured[0].key]
+    want = dataset.graph_tensors(CONFIG, "cuda", kernels="2.11.0+cu130")
+    assert all(torch.equal(got[k], want[k]) for k in want)
+    installed = dataset.graph_tensors(CONFIG, "cuda")
+    if cuda_dispatch.efficient_attention_supports_gqa():  # 2.14 on: the installed torch would differ
+        assert got["x"].shape != installed["x"].shape
+    assert any("torch 2.11.0+cu130" in line and "kernel choices" in line for line in log)
+    assert any("transformers 5.17.0" in line for line in log)  # installed is another version: said so
+
+
+def test_a_model_built_differently_now_is_left_out_with_the_reason(tmp_path):
+    folder = tmp_path / "h100"
+    _write(folder, [_record(CONFIG, "2.11.0+cu130", params=123)])
+    measured = dataset.measured_configs(folder)
+    log: list[str] = []
+    assert dataset.load_graphs(folder, measured, log=log.append) == {}
+    assert any("module structure changed" in line for line in log)
+
+
+def test_cache_key_names_the_kernel_version():
+    m = dataset.Measured("k", CONFIG, "llama", "h100", {}, None, 1, "2.11.0+cu130")
+    assert dataset.cache_key(m) == "k@torch2.11"
+    assert dataset.cache_key(dataset.Measured("k", CONFIG, "llama", "cpu", {}, None, 1, "2.11.0")) == "k"
