@@ -26,6 +26,7 @@ A GPU is lent for minutes, not hours, so the collector's default loop spends the
 from __future__ import annotations
 
 import gc
+import json
 import math
 import os
 import signal
@@ -68,8 +69,7 @@ _IMPORTED_AT = time.perf_counter()
 
 def group_key(config: dict) -> tuple:
     """Configurations with the same group key share one model: they differ only in precision class."""
-    return (config["spec"], tuple(sorted((config.get("set") or {}).items(), key=lambda kv: kv[0])),
-            config.get("task"), config["batch_size"], config.get("seq_len"), config.get("image_size"),
+    return (config["spec"], json.dumps(config.get("set") or {}, sort_keys=True), config.get("task"), config["batch_size"], config.get("seq_len"), config.get("image_size"),
             config["optimizer"])
 
 

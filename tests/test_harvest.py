@@ -341,3 +341,12 @@ def records_precisions():
     from gnn_ptp.precision import PRECISION_NAMES
 
     return PRECISION_NAMES
+
+
+def test_models_with_list_overrides_group(tmp_path):
+    grid = tmp_path / "g.toml"
+    grid.write_text('name = "g"\nprecisions = ["fp32", "bf16"]\n[[model]]\nspec = "hf:swin"\n'
+                    'set = { embed_dim = 16, depths = [1, 1], num_heads = [1, 2], patch_size = 4, window_size = 4, '
+                    'num_labels = 10 }\nbatch_size = [2]\nimage_size = [32]\n')
+    counts = run(grid, tmp_path / "cpu", profile="none")
+    assert counts["ok"] == 2 and counts["models"] == 1
