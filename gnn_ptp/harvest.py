@@ -49,7 +49,11 @@ from gnn_ptp.spec import ModelSpec, Shape, _cast_floats, build, family_of
 SWEEP_ORDER = ("fp32", "tf32", "torch-default", "amp-bf16", "amp-fp16", "bf16")
 FIRST_ESTIMATE_S = 30.0
 """What a record is assumed to cost before anything has been measured in this run."""
+FIRST_PROFILE_S = 2.0
+"""What a profiled step is assumed to cost before any has been measured."""
 STOP_MARGIN_S = 3.0
+PROFILE_CAP = 0.25
+"""Profiling never takes more than this share of a harvest's time, coverage included."""
 """Kept free at the end of a budget for writing the last record and exiting."""
 
 
@@ -114,13 +118,17 @@ class CostBook:
 
     def profile(self, family: str) -> float:
         seen = self.profile_s.get(family)
-        return max(seen) if seen else self._slowest(self.profile_s)
+        if seen:
+            return max(seen)
+        values = [max(v) for v in self.profile_s.values() if v]
+        return max(values) if values else FIRST_PROFILE_S
 
 
 @dataclass
 class ProfilePolicy:
-    """Which records get a profiled step: every family x precision class first (``per_cell`` each),
-    then any record while profiling stays under ``share`` of the wall time."""
+    """Which records get a profiled step (mode ``sample``): a record of a family x precision class not yet
+    profiled, while profiling stays within PROFILE_CAP of the harvest's time (process start included);
+    any other record while it stays within ``share``."""
 
     mode: str
     share: float
@@ -128,14 +136,14 @@ class ProfilePolicy:
     counts: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
     spent_s: float = 0.0
 
-    def wants(self, family: str, precision: str, elapsed_s: float, cost_s: float) -> bool:
-        if self.mode == "none":
-            return False
-        if self.mode == "all":
-            return True
+    def wants(self, family: str, precision: str, elapsed_s: float, record_s: float, cost_s: float) -> bool:
+        """``elapsed_s`` so far, ``record_s`` the record's own expected cost, ``cost_s`` its profile's."""
+        if self.mode in ("none", "all"):
+            return self.mode == "all"
+        share_after = (self.spent_s + cost_s) / max(elapsed_s + record_s + cost_s, 1e-9)
         if self.counts[(family, precision)] < self.per_cell:
-            return True
-        return self.spent_s + cost_s <= self.share * max(elapsed_s, 1e-9)
+            return share_after <= PROFILE_CAP
+        return share_after <= self.share
 
     def done(self, family: str, precision: str, seconds: float) -> None:
         self.counts[(family, precision)] += 1
@@ -357,6 +365,11 @@ def harvest(cfg: CollectConfig) -> dict:
                     cost = book.record(family, precision.name)
                     if workload is None or built_dtype != precision.param_dtype:
                         cost += book.build(family)
+                    profile_cost = book.profile(family)
+                    profiling = profile_file is not None and policy.wants(
+                        family, precision.name, process_elapsed_s(), cost, profile_cost)
+                    if profiling and not budget.allows(cost + profile_cost):
+                        profiling = False  # time for the record, not for its profile
                     if not budget.allows(cost):
                         counts["stopped_for_budget"] = True
                         break
@@ -382,10 +395,7 @@ def harvest(cfg: CollectConfig) -> dict:
                         build_s = time.perf_counter() - b_start
                         book.build_s[family].append(build_s)
                         counts["models"] += 1
-                    elapsed = time.perf_counter() - start
-                    profiler = None
-                    if profile_file is not None and policy.wants(family, precision.name, elapsed, book.profile(family)):
-                        profiler = profiles.profiled_step(device)
+                    profiler = profiles.profiled_step(device) if profiling else None
                     result = measure_record(workload, config, device, cfg, profiler)
                     result["family"] = workload.family or family
                     result.update(modality=workload.modality, params=workload.param_count,

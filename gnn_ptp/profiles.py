@@ -80,51 +80,78 @@ def profiled_step(device: torch.device):
     return run
 
 
-def _us(event, name: str) -> float:
-    value = getattr(event, name, None)
-    return round(float(value), 3) if value is not None else 0.0
-
-
 def compact(prof, device: torch.device) -> dict:
-    """The profile of one step as string tables and rows (see the module docstring)."""
-    events = [e for e in prof.events() if getattr(e, "device_type", None) == torch.autograd.DeviceType.CPU]
-    ranges = {e.name[len(_MARK):]: (e.time_range.start, e.time_range.end)
-              for e in events if e.name.startswith(_MARK)}
-    ops = [e for e in events if e.name.startswith("aten::")]
-    ops.sort(key=lambda e: (e.time_range.start, -e.time_range.end))
-    t0 = min((r[0] for r in ranges.values()), default=ops[0].time_range.start if ops else 0.0)
-    index = {id(e): i for i, e in enumerate(ops)}
-    dtypes_of = _input_dtypes(prof, ops)
+    """The profile of one step as string tables and rows (see the module docstring).
+
+    Read from the profiler's raw kineto events, not ``prof.events()``: building FunctionEvents costs
+    about a second per 5,000 ops in Python, which the harvest's profiling budget cannot pay. Nesting comes
+    from each thread's time intervals; a kernel's time goes to the op whose correlation id it carries
+    (or, through the runtime call that launched it, to the innermost op around that call)."""
+    cpu_type = torch.autograd.DeviceType.CPU
+    raw = list(prof.profiler.kineto_results.events())
+    host = sorted((e for e in raw if e.device_type() == cpu_type),
+                  key=lambda e: (e.start_thread_id(), e.start_ns(), -e.end_ns()))
+    ranges = {e.name()[len(_MARK):]: (e.start_ns(), e.end_ns()) for e in host if e.name().startswith(_MARK)}
+    ops, parent_of, corr_to_op = [], [], {}
+    stack: list[tuple[int, int]] = []  # (end_ns, op row) of the open ops of the current thread
+    thread = None
+    for e in host:
+        if e.start_thread_id() != thread:
+            thread, stack = e.start_thread_id(), []
+        while stack and stack[-1][0] <= e.start_ns():
+            stack.pop()
+        name = e.name()
+        if name.startswith("aten::"):
+            row = len(ops)
+            ops.append(e)
+            parent_of.append(stack[-1][1] if stack else -1)
+            corr_to_op[e.correlation_id()] = row
+            stack.append((e.end_ns(), row))
+        elif stack and not name.startswith(_MARK):  # a runtime call (cudaLaunchKernel...) inside an op
+            corr_to_op.setdefault(e.correlation_id(), stack[-1][1])
+    self_device_ns = [0] * len(ops)
+    for e in raw:
+        if e.device_type() != cpu_type:
+            row = corr_to_op.get(e.linked_correlation_id())
+            if row is not None:
+                self_device_ns[row] += e.duration_ns()
+    device_ns = list(self_device_ns)
+    child_ns = [0] * len(ops)
+    for row in range(len(ops) - 1, -1, -1):  # children come after their parents: fold bottom-up
+        parent = parent_of[row]
+        if parent >= 0:
+            device_ns[parent] += device_ns[row]
+            child_ns[parent] += ops[row].duration_ns()
+    order = sorted(range(len(ops)), key=lambda r: (ops[r].start_ns(), -ops[r].end_ns()))
+    new_row = {old: new for new, old in enumerate(order)}
+    t0 = min((r[0] for r in ranges.values()), default=ops[order[0]].start_ns() if ops else 0)
     names: dict[str, int] = {}
     sigs: dict[str, int] = {}
     sig_list: list = []
     rows = []
     phase_device_us = dict.fromkeys(PHASES, 0.0)
     phase_cpu_us = dict.fromkeys(PHASES, 0.0)
-    for e in ops:
-        start = e.time_range.start
+    for old in order:
+        e = ops[old]
+        start = e.start_ns()
         phase = next((i for i, p in enumerate(PHASES) if p in ranges and ranges[p][0] <= start <= ranges[p][1]), -1)
-        parent = e.cpu_parent
-        while parent is not None and id(parent) not in index:  # skip annotations between two ops
-            parent = parent.cpu_parent
-        sig = [list(map(_shape, e.input_shapes or [])), dtypes_of(e)]
+        sig = [[list(x) if isinstance(x, (list, tuple)) else x for x in e.shapes()], list(e.dtypes())]
         sig_text = json.dumps(sig, separators=(",", ":"))
         if sig_text not in sigs:
             sigs[sig_text] = len(sig_list)
             sig_list.append(sig)
-        name_id = names.setdefault(e.name, len(names))
-        self_device = _us(e, "self_device_time_total")
-        self_cpu = _us(e, "self_cpu_time_total")
+        parent = parent_of[old]
         if phase >= 0:
-            phase_device_us[PHASES[phase]] += self_device
-            if parent is None:
-                phase_cpu_us[PHASES[phase]] += e.time_range.elapsed_us()
-        rows.append([name_id, sigs[sig_text], phase, index[id(parent)] if parent is not None else -1,
-                     int(getattr(e, "thread", 0) or 0), round(start - t0, 3), round(e.time_range.elapsed_us(), 3),
-                     self_cpu, self_device, _us(e, "device_time_total")])
+            phase_device_us[PHASES[phase]] += self_device_ns[old] / 1e3
+            if parent < 0:
+                phase_cpu_us[PHASES[phase]] += e.duration_ns() / 1e3
+        rows.append([names.setdefault(e.name(), len(names)), sigs[sig_text], phase,
+                     new_row[parent] if parent >= 0 else -1, int(e.start_thread_id()), round((start - t0) / 1e3, 3),
+                     round(e.duration_ns() / 1e3, 3), round((e.duration_ns() - child_ns[old]) / 1e3, 3),
+                     round(self_device_ns[old] / 1e3, 3), round(device_ns[old] / 1e3, 3)])
     out = {"device": device.type, "torch": torch.__version__, "names": list(names), "sigs": sig_list,
            "columns": list(COLUMNS), "ops": rows,
-           "phase_ms": {p: round((ranges[p][1] - ranges[p][0]) / 1e3, 4) for p in PHASES if p in ranges},
+           "phase_ms": {p: round((ranges[p][1] - ranges[p][0]) / 1e6, 4) for p in PHASES if p in ranges},
            "phase_device_ms": {p: round(v / 1e3, 4) for p, v in phase_device_us.items()},
            "phase_top_level_cpu_ms": {p: round(v / 1e3, 4) for p, v in phase_cpu_us.items()}}
     if device.type == "cpu":
@@ -132,23 +159,6 @@ def compact(prof, device: torch.device) -> dict:
         if peak is not None:
             out["peak_allocated_bytes"] = peak
     return out
-
-
-def _input_dtypes(prof, ops):
-    """FunctionEvent.input_dtypes where torch has it (2.14), else the kineto event's dtypes (2.11), which
-    share the FunctionEvent's id (the correlation id)."""
-    if not ops or getattr(ops[0], "input_dtypes", None) is not None:
-        return lambda e: list(getattr(e, "input_dtypes", None) or [])
-    try:
-        by_id = {k.correlation_id(): list(k.dtypes()) for k in prof.profiler.kineto_results.events()
-                 if k.device_type() == torch.autograd.DeviceType.CPU}
-    except AttributeError:
-        by_id = {}
-    return lambda e: by_id.get(e.id, [])
-
-
-def _shape(s):
-    return list(s) if isinstance(s, (list, tuple)) else s
 
 
 def _peak_allocated(prof) -> int | None:

@@ -350,3 +350,17 @@ def test_models_with_list_overrides_group(tmp_path):
                     'num_labels = 10 }\nbatch_size = [2]\nimage_size = [32]\n')
     counts = run(grid, tmp_path / "cpu", profile="none")
     assert counts["ok"] == 2 and counts["models"] == 1
+
+
+def test_profile_policy_covers_first_and_stays_within_its_share():
+    policy = harvest_mod.ProfilePolicy("sample", share=0.1)
+    # an uncovered cell is profiled while profiling stays under the 25 % cap...
+    assert policy.wants("llama", "fp32", elapsed_s=100.0, record_s=5.0, cost_s=20.0)
+    policy.done("llama", "fp32", 20.0)
+    # ...a covered one only under the share
+    assert not policy.wants("llama", "fp32", elapsed_s=125.0, record_s=5.0, cost_s=20.0)
+    assert policy.wants("llama", "fp32", elapsed_s=1000.0, record_s=5.0, cost_s=20.0)
+    # coverage never breaks the cap
+    assert not policy.wants("vit", "bf16", elapsed_s=125.0, record_s=5.0, cost_s=60.0)
+    assert harvest_mod.ProfilePolicy("all", 0.0).wants("x", "fp32", 0.0, 1.0, 100.0)
+    assert not harvest_mod.ProfilePolicy("none", 1.0).wants("x", "fp32", 1e9, 1.0, 0.0)
