@@ -53,7 +53,35 @@ def dataset_stats(path, min_step_ms: float = 10.0) -> dict:
         "by_world_size": {str(k): v for k, v in sorted(by["world_size"].items())},
         "noise": dist(noises), f"noise_steps_ge_{min_step_ms:g}ms": dist(long_noises),
         "repeat_difference": dist(repeats),
+        "collection": collection_stats(rows),
     }
+
+
+def collection_stats(rows: list[dict]) -> dict:
+    """How the records were collected: per loop, records per minute of collector time (a harvest model's
+    build counted once for the records that share it), the share of that time in timed steps and in
+    profiling; flags; profiled records."""
+    from gnn_ptp.harvest import group_key
+
+    out: dict = {"flags": dict(Counter(f for r in rows for f in r.get("flags") or [])),
+                 "profiled": sum(1 for r in rows if r.get("profile"))}
+    by_mode: dict[str, list[dict]] = defaultdict(list)
+    for r in rows:
+        if r.get("collector"):
+            by_mode[r["collector"].get("mode", "classic")].append(r)
+    for mode, mine in sorted(by_mode.items()):
+        wall = sum(r["collector"].get("wall_s", 0.0) for r in mine)
+        if mode == "harvest":
+            builds = {(r.get("timestamp", "")[:13], group_key(r["config"])): r["collector"].get("build_s", 0.0)
+                      for r in mine if "config" in r}
+            wall += sum(builds.values())
+        timed = sum(r["collector"].get("timed_s", 0.0) for r in mine)
+        profiled = sum(r["collector"].get("profile_s", 0.0) for r in mine)
+        out[mode] = {"records": len(mine), "wall_s": round(wall, 1),
+                     "records_per_min": round(60 * len(mine) / wall, 1) if wall else None,
+                     "timed_share": round(timed / wall, 3) if wall else 0.0,
+                     "profile_share": round(profiled / wall, 3) if wall else 0.0}
+    return out
 
 
 def format_stats(s: dict) -> str:
@@ -73,4 +101,13 @@ def format_stats(s: dict) -> str:
         else:
             lines.append(f"{title}: n {d['n']}, median {d['median']:.2%}, p90 {d['p90']:.2%}, "
                          f"max {d['max']:.2%}, <= 2%: {d['share_le_2pct']:.0%}")
+    c = s.get("collection") or {}
+    for mode in ("harvest", "classic"):
+        if mode in c:
+            m = c[mode]
+            lines.append(f"collected ({mode}): {m['records']} records, {m['records_per_min']} per minute of "
+                         f"collector time, timed steps {m['timed_share']:.0%}, profiling {m['profile_share']:.0%}")
+    if c.get("flags") or c.get("profiled"):
+        lines.append(f"flags: {', '.join(f'{k} {v}' for k, v in c['flags'].items()) or 'none'}; "
+                     f"profiled records: {c['profiled']}")
     return "\n".join(lines)

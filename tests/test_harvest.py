@@ -94,6 +94,11 @@ def test_harvest_builds_one_model_per_shape_and_sweeps_the_classes(grid, out, mo
         assert c["overhead_s"] == pytest.approx(c["wall_s"] - c["timed_s"] - c["profile_s"], abs=1e-3)
         assert r["params"] > 0 and r["env"]["hardware"] == "cpu"
         assert r["profile"]["file"].startswith("profiles/tiny-") and r["profile"]["events"] > 0
+    from gnn_ptp.stats import dataset_stats
+
+    collected = dataset_stats(out)["collection"]
+    assert collected["harvest"]["records"] == 9 and collected["profiled"] == 9
+    assert 0 < collected["harvest"]["timed_share"] < 1 and collected["harvest"]["records_per_min"] > 0
 
 
 def test_profiles_hold_the_ops_of_each_phase(grid, out):
