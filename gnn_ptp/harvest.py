@@ -242,7 +242,15 @@ def measure_record(workload, config: dict, device: torch.device, cfg: CollectCon
             profile_s = 0.0
             if profiler is not None:
                 p_start = time.perf_counter()
-                result["profile"] = profiler(step)
+                try:
+                    result["profile"] = profiler(step)
+                except KeyboardInterrupt:
+                    raise
+                except Exception as e:  # a profiler that fails costs the profile, never the measurement
+                    if _is_oom(e):
+                        raise
+                    result["flags"].append("profile_failed")
+                    result["profile_error"] = f"{type(e).__name__}: {str(e)[:300]}"
                 profile_s = time.perf_counter() - p_start
         result["timing"] = _timing(durations)
         result["timing"].update(warmup_steps=cfg.warmup_steps, warmup_step_ms=warm_ms,
@@ -321,6 +329,7 @@ def harvest(cfg: CollectConfig) -> dict:
     progress = _Progress(len(p.todo), enabled=True)
     start = time.perf_counter()
     timed_total = 0.0
+    profile_failures = 0
 
     def write(key: str, config: dict, result: dict, family: str) -> None:
         counts[result["status"]] += 1
@@ -408,6 +417,12 @@ def harvest(cfg: CollectConfig) -> dict:
                     if "profile" in result:
                         book.profile_s[family].append(col["profile_s"])
                         policy.done(family, precision.name, col["profile_s"])
+                    elif "profile_failed" in result.get("flags", ()):
+                        profile_failures += 1
+                        if profile_failures >= 2:  # the profiler does not work here: stop asking it
+                            print(f"gnn-ptp collect: profiling failed twice ({result['profile_error']}); "
+                                  "measuring on without profiles", file=sys.stderr)
+                            profile_file = None
                     timed_total += col.get("timed_s", 0.0)
                     write(key, config, result, result.pop("family"))
             finally:

@@ -369,3 +369,21 @@ def test_profile_policy_covers_first_and_stays_within_its_share():
     assert not policy.wants("vit", "bf16", elapsed_s=125.0, record_s=5.0, cost_s=60.0)
     assert harvest_mod.ProfilePolicy("all", 0.0).wants("x", "fp32", 0.0, 1.0, 100.0)
     assert not harvest_mod.ProfilePolicy("none", 1.0).wants("x", "fp32", 1e9, 1.0, 0.0)
+
+
+def test_a_failing_profiler_costs_the_profile_not_the_measurement(grid, out, monkeypatch):
+    calls = []
+
+    def broken(device):
+        def run(step):
+            calls.append(1)
+            raise RuntimeError("CUPTI_ERROR_INSUFFICIENT_PRIVILEGES")
+        return run
+
+    monkeypatch.setattr(profiles, "profiled_step", broken)
+    counts = run(grid, out, profile="all")
+    rows = read(out)
+    assert counts["ok"] == 9 and all(r["status"] == "ok" and "timing" in r for r in rows)
+    failed = [r for r in rows if "profile_failed" in r["flags"]]
+    assert len(failed) == 2 and len(calls) == 2  # after two failures the harvest stops asking
+    assert "CUPTI_ERROR" in failed[0]["profile_error"] and not any(r.get("profile") for r in rows)
