@@ -174,6 +174,11 @@ def add_data_parser(sub) -> None:
                        help="noise is also reported for steps at least this long (default 10)")
     stats.add_argument("--json", action="store_true")
     stats.set_defaults(run=run_data_stats)
+    match = data_sub.add_parser("match", help="match the per-op profiles stored beside records onto the traced "
+                                              "graphs: the share of measured time each graph node accounts for")
+    match.add_argument("path", help="dataset folder (records + profiles/)")
+    match.add_argument("--json", action="store_true")
+    match.set_defaults(run=run_data_match)
 
 
 def run_data_stats(args) -> int:
@@ -181,6 +186,14 @@ def run_data_stats(args) -> int:
 
     s = dataset_stats(args.path, args.min_step_ms)
     print(json.dumps(s, indent=2) if args.json else format_stats(s))
+    return 0
+
+
+def run_data_match(args) -> int:
+    from gnn_ptp.match import format_match, match_dataset
+
+    result = match_dataset(args.path)
+    print(json.dumps(result, indent=2) if args.json else format_match(result))
     return 0
 
 

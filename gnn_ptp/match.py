@@ -1,0 +1,193 @@
+"""Profiled steps onto traced graphs: which graph node ran as which profiled op, and for how long.
+
+The harvest stores, beside a record, the aten ops of one real step (``profiles.py``): composite ops and
+what they called, each with its input shapes, phase and time. The traced graph has one node per kernel
+(``graph.to_tensors``). Per phase, both are walked in order: a graph node is matched to the next profiled
+op of the same canonical name (``ops.canonical``) that is not inside an op already matched, preferring one
+whose first input has the node's first input shape, within a window of the profile. A matched node's time
+is its op's inclusive time: device time on a GPU, host time on a CPU.
+
+What is not matched is reported by name: composite wrappers' own host time (``aten::linear`` around its
+``addmm``), ops the tracer does not see, fused or decomposed differently. ``matched_share`` is the matched
+time over all profiled time of the three phases (every op's self time counted once).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+
+from gnn_ptp import ops
+from gnn_ptp.trace import PHASES, TracedStep
+
+WINDOW = 400
+"""How far ahead in a phase's profiled ops a graph node's partner is looked for."""
+NAME_ONLY_WINDOW = 24
+"""How far ahead a partner of the same name but another first input shape is accepted."""
+
+
+@dataclass
+class Match:
+    node_ms: list[float]
+    """Per graph node (``graph.to_tensors`` order): its measured time, NaN where unmatched."""
+    matched_ms: dict[str, float]
+    total_ms: dict[str, float]
+    unmatched_nodes: Counter = field(default_factory=Counter)
+    """Graph ops without a partner in the profile, by name."""
+    unmatched_ms: Counter = field(default_factory=Counter)
+    """Profiled time left unmatched, by op name (self time)."""
+
+    @property
+    def matched_share(self) -> float:
+        total = sum(self.total_ms.values())
+        return sum(self.matched_ms.values()) / total if total else float("nan")
+
+    def to_dict(self) -> dict:
+        return {"matched_share": self.matched_share, "matched_ms": self.matched_ms, "total_ms": self.total_ms,
+                "nodes": len(self.node_ms), "nodes_matched": sum(not math.isnan(t) for t in self.node_ms),
+                "unmatched_nodes": dict(self.unmatched_nodes.most_common(10)),
+                "unmatched_ms": {k: round(v, 4) for k, v in self.unmatched_ms.most_common(10)}}
+
+
+def kernel_nodes(traced: TracedStep) -> list[tuple[str, int, tuple | None]]:
+    """(canonical op, phase index, first input shape) of every graph node, in ``graph.to_tensors`` order."""
+    out = []
+    for node in traced.graph.nodes:
+        if node.op != "call_function":
+            continue
+        op = ops.canonical(node.target)
+        if op in ops.FREE_OPS:
+            continue
+        args, kwargs = node.meta.get("in", ((), {}))
+        first = next((tuple(t.shape) for t in ops._tensors(args)), None)
+        out.append((op, PHASES.index(node.meta.get("phase", "forward")), first))
+    return out
+
+
+def _canonical(name: str) -> str:
+    name = name.removeprefix("aten::")
+    if name.endswith("_") and not name.endswith("__"):
+        name = name[:-1]
+    return ops.ALIASES.get(name, name)
+
+
+def match_profile(traced: TracedStep, profile: dict) -> Match:
+    """Match a stored profile (``profiles.compact``) onto the traced graph of the same configuration."""
+    cols = {c: i for i, c in enumerate(profile["columns"])}
+    rows = profile["ops"]
+    on_gpu = profile.get("device") == "cuda"
+    incl = cols["device_us"] if on_gpu else cols["cpu_us"]
+    self_col = cols["self_device_us"] if on_gpu else cols["self_cpu_us"]
+    names = [_canonical(profile["names"][r[cols["name"]]]) for r in rows]
+    first_shape = []
+    for r in rows:
+        shapes = profile["sigs"][r[cols["sig"]]][0]
+        first_shape.append(next((tuple(s) for s in shapes if isinstance(s, list) and s), None))
+    children: dict[int, list[int]] = {}
+    for i, r in enumerate(rows):
+        children.setdefault(r[cols["parent"]], []).append(i)
+
+    nodes = kernel_nodes(traced)
+    node_ms = [math.nan] * len(nodes)
+    matched_ms = dict.fromkeys(PHASES, 0.0)
+    total_ms = dict.fromkeys(PHASES, 0.0)
+    covered = [False] * len(rows)
+    for i, r in enumerate(rows):
+        if r[cols["phase"]] >= 0:
+            total_ms[PHASES[r[cols["phase"]]]] += r[self_col] / 1e3
+    unmatched_nodes: Counter = Counter()
+    for phase_id, phase in enumerate(PHASES):
+        candidates = [i for i, r in enumerate(rows) if r[cols["phase"]] == phase_id]
+        pos = 0
+        for n, (op, node_phase, shape) in enumerate(nodes):
+            if node_phase != phase_id:
+                continue
+            best = None
+            for k in range(pos, min(pos + WINDOW, len(candidates))):
+                i = candidates[k]
+                if covered[i] or names[i] != op:
+                    continue
+                if shape is None or first_shape[i] is None or first_shape[i] == shape:  # lists show no shapes
+                    best = k
+                    break
+                if best is None and k - pos < NAME_ONLY_WINDOW:
+                    best = k  # the same op with another first shape: taken only if nothing closer fits
+            if best is None:
+                unmatched_nodes[op] += 1
+                continue
+            i = candidates[best]
+            node_ms[n] = rows[i][incl] / 1e3
+            matched_ms[phase] += rows[i][incl] / 1e3
+            stack = [i]
+            while stack:  # the op and everything it called belong to this node
+                j = stack.pop()
+                covered[j] = True
+                stack.extend(children.get(j, ()))
+            pos = best + 1
+    unmatched_ms: Counter = Counter()
+    for i, r in enumerate(rows):
+        if not covered[i] and r[cols["phase"]] >= 0 and r[self_col] > 0:
+            unmatched_ms[names[i]] += r[self_col] / 1e3
+    return Match(node_ms, matched_ms, total_ms, unmatched_nodes, unmatched_ms)
+
+
+def match_dataset(folder, log=None) -> dict:
+    """Match every profiled record of a dataset folder; the time-weighted matched share overall and per
+    family, the least matched records and the ops whose time stayed unmatched."""
+    from collections import defaultdict
+
+    from gnn_ptp import dataset, profiles, records
+    from gnn_ptp.trace import trace_step
+
+    found = profiles.read_profiles(folder)
+    rows, unmatched_ms, unmatched_nodes = [], Counter(), Counter()
+    per_family: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for r in records.iter_records(folder):
+        p = found.get(r.get("id"))
+        if p is None or r.get("status") != "ok":
+            continue
+        hardware = r["env"]["hardware"]
+        target = dataset.trace_target(hardware)
+        try:
+            traced = trace_step(dataset.step_config_of(r["config"], target, kernels=r["env"].get("torch")))
+        except Exception as e:  # a record that will not trace is reported, not matched
+            rows.append({"key": r["key"], "spec": r["config"]["spec"], "precision": r["config"]["precision"],
+                         "error": f"{type(e).__name__}: {e}"[:200]})
+            continue
+        m = match_profile(traced, p)
+        unmatched_ms.update(m.unmatched_ms)
+        unmatched_nodes.update(m.unmatched_nodes)
+        total, matched = sum(m.total_ms.values()), sum(m.matched_ms.values())
+        family = r.get("family") or "?"
+        per_family[family][0] += matched
+        per_family[family][1] += total
+        rows.append({"key": r["key"], "spec": r["config"]["spec"], "precision": r["config"]["precision"],
+                     "family": family, **m.to_dict()})
+        if log:
+            log(f"  {r['config']['spec']} {r['config']['precision']}: {m.matched_share:.1%}")
+    matched = sum(v[0] for v in per_family.values())
+    total = sum(v[1] for v in per_family.values())
+    return {"records": len(rows), "matched_share": matched / total if total else None,
+            "by_family": {f: v[0] / v[1] for f, v in sorted(per_family.items()) if v[1]},
+            "worst": sorted((x for x in rows if "matched_share" in x), key=lambda x: x["matched_share"])[:5],
+            "failed": [x for x in rows if "error" in x],
+            "unmatched_ms": {k: round(v, 3) for k, v in unmatched_ms.most_common(12)},
+            "unmatched_nodes": dict(unmatched_nodes.most_common(12))}
+
+
+def format_match(result: dict) -> str:
+    share = result["matched_share"]
+    lines = [f"{result['records']} profiled records; device time matched to graph nodes: "
+             + (f"{share:.1%}" if share is not None else "none")]
+    lines.append("by family: " + ", ".join(f"{f} {s:.1%}" for f, s in result["by_family"].items()))
+    for w in result["worst"]:
+        lines.append(f"  least matched: {w['spec']} {w['precision']} {w['matched_share']:.1%} "
+                     f"({w['nodes_matched']}/{w['nodes']} nodes)")
+    lines.append("unmatched time by op (ms): " + ", ".join(f"{k} {v}" for k, v in result["unmatched_ms"].items()))
+    if result["unmatched_nodes"]:
+        lines.append("graph nodes without a profiled partner: "
+                     + ", ".join(f"{k} {v}" for k, v in result["unmatched_nodes"].items()))
+    for f in result["failed"]:
+        lines.append(f"  not traced: {f['spec']} {f['precision']}: {f['error']}")
+    return "\n".join(lines)
