@@ -375,7 +375,7 @@ def test_a_failing_profiler_costs_the_profile_not_the_measurement(grid, out, mon
     calls = []
 
     def broken(device):
-        def run(step):
+        def run(step, resident=None):
             calls.append(1)
             raise RuntimeError("CUPTI_ERROR_INSUFFICIENT_PRIVILEGES")
         return run
