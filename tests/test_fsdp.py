@@ -1,0 +1,66 @@
+"""The FSDP schedule and memory model (gnn_ptp/fsdp.py): closed forms on made-up fabrics and times."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gnn_ptp import fsdp
+from gnn_ptp.comm import Fabric
+
+# a one-line made-up fabric: alpha 20 us at 8 ranks, 100 GB/s bus bandwidth
+FABRIC = Fabric("test", "made up", alpha_us=20.0, busbw_GBps=100.0, measured_gpus=8)
+
+
+def test_collectives_are_halves_of_a_ring_allreduce():
+    size = 256 * 2**20
+    ag = fsdp.collective_us(FABRIC, "all_gather", size, 8)
+    rs = fsdp.collective_us(FABRIC, "reduce_scatter", size, 8)
+    assert ag == rs == pytest.approx(10.0 + 7 / 8 * size / 100e3)
+    assert ag + rs == pytest.approx(FABRIC.allreduce_us(size, 8))
+    assert fsdp.collective_us(FABRIC, "all_gather", size, 1) == 0.0
+    with pytest.raises(ValueError):
+        fsdp.collective_us(FABRIC, "broadcast", size, 8)
+
+
+def test_comm_hidden_behind_long_compute_and_exposed_behind_short():
+    blocks = fsdp.Blocks([10_000_000] * 8, 0, "layers")
+    slow = fsdp.fsdp_step(800.0, 1600.0, 40.0, blocks, FABRIC, 8, param_bytes=4)
+    # per block 40 MB -> 0.35 ms all-gather: hidden but for the first block's gather
+    first_ag = fsdp.collective_us(FABRIC, "all_gather", 40e6, 8) / 1e3
+    assert slow.compute_ms == pytest.approx(800 + 1600 + 5.0)
+    assert slow.exposed_ms == pytest.approx(first_ag * 2 + fsdp.collective_us(FABRIC, "reduce_scatter", 40e6, 8) / 1e3,
+                                            rel=1e-6)
+    assert slow.allgather_ms == pytest.approx(16 * first_ag)  # gathered twice under fsdp
+    fast = fsdp.fsdp_step(1.0, 2.0, 0.1, blocks, FABRIC, 8, param_bytes=4)
+    # compute shorter than communication: the step is the communication, one collective after another
+    assert fast.iteration_ms == pytest.approx(fast.comm_total_ms + 0.1 / 8 + 2.0 / 8, rel=0.05)
+    assert fast.exposed_ms > 0.9 * fast.comm_total_ms - 3.0
+
+
+def test_no_reshard_gathers_once_and_bf16_halves_the_bytes():
+    blocks = fsdp.Blocks([50_000_000] * 4, 10_000_000, "layers")
+    full = fsdp.fsdp_step(10.0, 20.0, 1.0, blocks, FABRIC, 8, param_bytes=4)
+    once = fsdp.fsdp_step(10.0, 20.0, 1.0, blocks, FABRIC, 8, param_bytes=4, mode="fsdp-no-reshard")
+    half = fsdp.fsdp_step(10.0, 20.0, 1.0, blocks, FABRIC, 8, param_bytes=2)
+    assert once.allgather_ms == pytest.approx(full.allgather_ms / 2)
+    assert once.iteration_ms < full.iteration_ms
+    assert half.comm_total_ms < 0.55 * full.comm_total_ms and half.iteration_ms < full.iteration_ms
+
+
+def test_blocks_are_the_largest_stack_of_alike_layers():
+    model = torch.nn.Sequential(torch.nn.Embedding(100, 16),
+                                torch.nn.ModuleList([torch.nn.Linear(16, 16) for _ in range(3)]),
+                                torch.nn.ModuleList([torch.nn.Linear(16, 4), torch.nn.ReLU()]))
+    b = fsdp.find_blocks(model)
+    assert b.stack == "1" and b.block_params == [272] * 3 and b.root_params == 1600 + 68
+    assert fsdp.find_blocks(torch.nn.Linear(4, 4)).block_params == []
+
+
+def test_memory_per_rank_shards_the_floor():
+    blocks = fsdp.Blocks([100] * 10, 0, "layers")
+    one = fsdp.memory_per_rank(16_000, 500, blocks, 1, 4)
+    eight = fsdp.memory_per_rank(16_000, 500, blocks, 8, 4)
+    assert eight == pytest.approx(16_000 / 8 + 500 + 3 * 100 * 4)
+    assert eight < one
+    assert fsdp.memory_per_rank(16_000, 500, blocks, 8, 4, "fsdp-no-reshard") > eight
