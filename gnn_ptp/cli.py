@@ -122,6 +122,9 @@ def add_collect_parser(sub) -> None:
     p.add_argument("--threads", type=_positive_int, help="torch CPU threads (CPU collection)")
     p.add_argument("--ddp", action="store_true", help="measure DDP steps (run under torchrun)")
     p.add_argument("--bucket-cap-mb", type=float, default=d.bucket_cap_mb)
+    p.add_argument("--parallel", default=d.parallel, choices=("ddp", "fsdp", "fsdp-no-reshard"),
+                   help="under --ddp: DistributedDataParallel (default), FSDP2 fully_shard per block (fsdp), or "
+                        "FSDP2 without resharding after the forward (fsdp-no-reshard)")
     p.add_argument("--allow-dir-mismatch", action="store_true")
     p.add_argument("--mode", default=d.mode, choices=("auto", "harvest", "classic"),
                    help="harvest: one model per shape, precision classes swept over it, time-bounded timing, "
@@ -148,7 +151,7 @@ def run_collect(args) -> int:
                         min_steps=args.min_steps, min_time_s=args.min_time_s, max_time_s=args.max_time_s,
                         overhead_target=args.overhead_target, budget_s=args.budget_s,
                         retry_errors=args.retry_errors, repeat=args.repeat, limit=args.limit,
-                        threads=args.threads, ddp=args.ddp, bucket_cap_mb=args.bucket_cap_mb,
+                        threads=args.threads, ddp=args.ddp, parallel=args.parallel, bucket_cap_mb=args.bucket_cap_mb,
                         allow_dir_mismatch=args.allow_dir_mismatch, mode=args.mode, harvest_steps=args.harvest_steps,
                         harvest_time_s=args.harvest_time_s, harvest_min_steps=args.harvest_min_steps,
                         profile=args.profile, profile_share=args.profile_share)

@@ -65,6 +65,9 @@ class CollectConfig:
     threads: int | None = None
     """CPU threads for torch (CPU collection only)."""
     ddp: bool = False
+    parallel: str = "ddp"
+    """Under --ddp: ddp (DistributedDataParallel), fsdp (FSDP2 fully_shard per block, resharded after the
+    forward) or fsdp-no-reshard (parameters kept gathered from forward to backward, ZeRO-2-like)."""
     bucket_cap_mb: float = 25.0
     allow_dir_mismatch: bool = False
     """Write even if the folder's name is not the hardware's label (h100 data into datasets/h200...)."""
@@ -94,6 +97,10 @@ class CollectConfig:
             raise UserError(f"--device must be auto, cuda or cpu, got {self.device!r}")
         if self.mode not in ("auto", "harvest", "classic"):
             raise UserError(f"--mode must be auto, harvest or classic, got {self.mode!r}")
+        if self.parallel not in ("ddp", "fsdp", "fsdp-no-reshard"):
+            raise UserError(f"--parallel must be ddp, fsdp or fsdp-no-reshard, got {self.parallel!r}")
+        if self.parallel != "ddp" and not self.ddp:
+            raise UserError(f"--parallel {self.parallel} measures several processes: run under torchrun with --ddp")
         if self.mode == "harvest" and self.ddp:
             raise UserError("--mode harvest measures one process; --ddp runs the classic loop (--mode classic)")
         if self.profile not in ("sample", "all", "none"):
@@ -222,7 +229,19 @@ def measure(config: dict, device: torch.device, cfg: CollectConfig, ddp: dict | 
         result.update(family=workload.family, modality=workload.modality, params=workload.param_count,
                       shape={"batch_size": workload.shape.batch_size, "seq_len": workload.shape.seq_len,
                              "image_size": workload.shape.image_size})
-        if ddp:
+        if ddp and ddp.get("parallel", "ddp") != "ddp":  # FSDP2: every block of the largest stack, then the root
+            from torch.distributed.fsdp import fully_shard
+
+            from gnn_ptp.fsdp import find_blocks
+
+            blocks = find_blocks(model)
+            reshard = ddp["parallel"] == "fsdp"
+            if blocks.stack is not None:
+                for block in model.get_submodule(blocks.stack):
+                    fully_shard(block, reshard_after_forward=reshard)
+            fully_shard(model, reshard_after_forward=reshard)
+            result["fsdp"] = {"blocks": len(blocks.block_params), "stack": blocks.stack}
+        elif ddp:
             from torch.nn.parallel import DistributedDataParallel
 
             model = DistributedDataParallel(
@@ -402,6 +421,8 @@ def plan(cfg: CollectConfig) -> Plan:
         dist.init_process_group(backend, timeout=datetime.timedelta(minutes=10))
         rank, world = dist.get_rank(), dist.get_world_size()
         ddp = {"world_size": world, "backend": backend, "bucket_cap_mb": cfg.bucket_cap_mb}
+        if cfg.parallel != "ddp":
+            ddp["parallel"] = cfg.parallel
     else:
         if cfg.device == "cuda" and not torch.cuda.is_available():
             raise UserError("--device cuda: no CUDA GPU is visible")
@@ -423,7 +444,7 @@ def plan(cfg: CollectConfig) -> Plan:
         kept = [c for c in configs if c["precision"] in CPU_PRECISIONS]
         skipped_precision = len(configs) - len(kept)
         configs = kept
-    file_name = f"{name}{'-ddp' if ddp else ''}.jsonl"
+    file_name = f"{name}{'-' + ddp.get('parallel', 'ddp') if ddp else ''}.jsonl"
     held = list(records.iter_records(out)) if out.exists() else []
     done = {r["key"]: r["status"] for r in held if "key" in r}
     retried = ("error", "skipped") if cfg.retry_errors else ()

@@ -32,6 +32,8 @@ def config_key(config: dict, hardware: str, ddp: dict | None = None) -> str:
     payload["hardware"] = hardware
     if ddp:
         payload["ddp"] = {k: ddp[k] for k in ("world_size", "backend", "bucket_cap_mb")}
+        if ddp.get("parallel", "ddp") != "ddp":  # FSDP records: their own keys (DDP keys stay as they were)
+            payload["ddp"]["parallel"] = ddp["parallel"]
     blob = json.dumps(payload, sort_keys=True, separators=(",", ":"))
     return hashlib.sha1(blob.encode()).hexdigest()[:16]
 

@@ -64,3 +64,45 @@ def test_memory_per_rank_shards_the_floor():
     assert eight == pytest.approx(16_000 / 8 + 500 + 3 * 100 * 4)
     assert eight < one
     assert fsdp.memory_per_rank(16_000, 500, blocks, 8, 4, "fsdp-no-reshard") > eight
+
+
+def test_collector_measures_real_fsdp2_steps_on_gloo(tmp_path):
+    """Two real processes under torchrun, FSDP2 fully_shard per GPT-2 block, gloo on this CPU."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from gnn_ptp import records
+
+    grid = tmp_path / "g.toml"
+    grid.write_text('name = "f"\nprecisions = ["fp32"]\n[[model]]\nspec = "hf:gpt2"\n'
+                    'set = { n_layer = 2, n_embd = 32, n_head = 2, vocab_size = 100 }\nbatch_size = [2]\nseq_len = [8]\n')
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "gnn_ptp",
+         "collect", "--ddp", "--parallel", "fsdp", "--grid", str(grid), "--out", str(tmp_path / "cpu"),
+         "--device", "cpu", "--threads", "1", "--warmup-steps", "1", "--min-steps", "2", "--min-time-s", "0.01",
+         "--max-time-s", "0.2"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path, start_new_session=True)
+    try:
+        _, stderr = proc.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail("torchrun did not finish in 300 s")
+    assert proc.returncode == 0, stderr[-3000:]
+    (r,) = list(records.iter_records(tmp_path / "cpu" / "f-fsdp.jsonl"))
+    assert r["status"] == "ok", r.get("error")
+    assert r["ddp"]["parallel"] == "fsdp" and r["ddp"]["world_size"] == 2 and r["fsdp"]["blocks"] == 2
+    assert r["key"] == records.config_key(r["config"], "cpu", r["ddp"])
+    assert r["key"] != records.config_key(r["config"], "cpu", {**r["ddp"], "parallel": "ddp"})
+
+
+def test_parallel_needs_ddp():
+    from gnn_ptp.collect import CollectConfig
+    from gnn_ptp.errors import UserError
+
+    with pytest.raises(UserError, match="torchrun"):
+        CollectConfig("g", "o", parallel="fsdp")
+    with pytest.raises(UserError, match="ddp, fsdp or fsdp-no-reshard"):
+        CollectConfig("g", "o", ddp=True, parallel="zero3")
