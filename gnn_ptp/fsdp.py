@@ -93,9 +93,12 @@ class FSDPStep:
 
 
 def fsdp_step(forward_ms: float, backward_ms: float, optimizer_ms: float, blocks: Blocks, fabric, gpus: int,
-              param_bytes: int, reduce_bytes: int | None = None, mode: str = "fsdp") -> FSDPStep:
+              param_bytes: int, reduce_bytes: int | None = None, mode: str = "fsdp", overlap: bool = True,
+              copy_ms=None) -> FSDPStep:
     """The step time of FSDP over ``gpus`` ranks of ``fabric``, from one GPU's phase times (each rank runs
-    the whole batch it is given: pass the per-rank batch's times)."""
+    the whole batch it is given: pass the per-rank batch's times). ``overlap=False`` (ranks sharing CPU
+    cores, gloo) runs every collective on the compute thread; ``copy_ms(bytes)``, where given, is the cost
+    of copying a collective's tensor into and out of its flat buffer, on the compute thread."""
     if mode not in MODES:
         raise ValueError(f"mode is {mode!r}: one of {', '.join(MODES)}")
     reduce_bytes = param_bytes if reduce_bytes is None else reduce_bytes
@@ -106,6 +109,15 @@ def fsdp_step(forward_ms: float, backward_ms: float, optimizer_ms: float, blocks
     bwd = [backward_ms * u / total for u in units]
     ag = [collective_us(fabric, "all_gather", u * param_bytes, gpus) / 1e3 for u in units]
     rs = [collective_us(fabric, "reduce_scatter", u * reduce_bytes, gpus) / 1e3 for u in units]
+    copies = 0.0
+    if copy_ms is not None:
+        copies = sum(copy_ms(u * param_bytes) * (2 if mode == "fsdp" else 1) + copy_ms(u * reduce_bytes)
+                     for u in units)
+    if not overlap:  # collectives and copies on the compute thread, one after another
+        ag_total = sum(ag) * (2 if mode == "fsdp" else 1)
+        compute = forward_ms + backward_ms + optimizer_ms / gpus
+        exposed = ag_total + sum(rs) + copies
+        return FSDPStep(mode, gpus, len(blocks.block_params), compute, ag_total, sum(rs), exposed, compute + exposed)
 
     # forward: the comm stream gathers block i+1 once block i has started computing (one block prefetched)
     n = len(units)
@@ -137,6 +149,7 @@ def fsdp_step(forward_ms: float, backward_ms: float, optimizer_ms: float, blocks
     iteration = backward_end + optimizer_sharded
     compute = forward_ms + backward_ms + optimizer_sharded
     ag_total = sum(ag) * (2 if mode == "fsdp" else 1)
+    iteration += copies
     return FSDPStep(mode, gpus, len(blocks.block_params), compute, ag_total, sum(rs), iteration - compute, iteration,
                     {"forward_end_ms": forward_end, "backward_end_ms": backward_end})
 

@@ -106,3 +106,10 @@ def test_parallel_needs_ddp():
         CollectConfig("g", "o", parallel="fsdp")
     with pytest.raises(UserError, match="ddp, fsdp or fsdp-no-reshard"):
         CollectConfig("g", "o", ddp=True, parallel="zero3")
+
+
+def test_without_overlap_every_collective_and_copy_adds():
+    blocks = fsdp.Blocks([1000] * 4, 0, "layers")
+    s = fsdp.fsdp_step(10.0, 20.0, 4.0, blocks, FABRIC, 4, param_bytes=4, overlap=False, copy_ms=lambda b: 0.5)
+    assert s.exposed_ms == pytest.approx(s.allgather_ms + s.reduce_scatter_ms + 4 * 3 * 0.5)
+    assert s.iteration_ms == pytest.approx(10.0 + 20.0 + 1.0 + s.exposed_ms)

@@ -1,0 +1,103 @@
+"""Validate the FSDP schedule on real sharded runs: the gloo FSDP2 records of datasets/cpu/.
+
+    python benchmarks/fsdp_gloo.py [--data datasets/cpu] [--interconnect cpu-gloo]
+
+For every measured FSDP step (``collect --ddp --parallel fsdp|fsdp-no-reshard`` under torchrun, 2 and 4
+gloo processes on the 2-core machine), the *measured* one-process step of the same configuration (its
+forward, backward and optimizer medians) is the compute, slowed by the profile's measured contention,
+and gnn_ptp/fsdp.py adds the all-gathers and reduce-scatters of its blocks (the cpu-gloo profile's lines).
+This isolates the FSDP model from the GNN. "naive" is the one-process step alone, for scale.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", default="datasets/cpu")
+    ap.add_argument("--interconnect", default="cpu-gloo")
+    ap.add_argument("--json", help="also write the rows here")
+    args = ap.parse_args()
+
+    from gnn_ptp import fsdp, interconnect
+    from gnn_ptp.cli import _quiet_libraries
+    from gnn_ptp.precision import get_precision
+    from gnn_ptp.records import load_records
+    from gnn_ptp.spec import ModelSpec, Shape, build
+
+    _quiet_libraries()
+    data = Path(args.data)
+    single = defaultdict(list)
+    sharded = []
+    for path in sorted(data.glob("*.jsonl")):
+        for r in load_records(path):
+            if not r.get("ddp"):
+                single[json.dumps(r["config"], sort_keys=True)].append(r)
+            elif r["ddp"].get("parallel", "ddp") != "ddp":
+                sharded.append(r)
+    profile = interconnect.load(args.interconnect)
+    rows = []
+    for r in sharded:
+        c, world, mode = r["config"], r["ddp"]["world_size"], r["ddp"]["parallel"]
+        alone = single.get(json.dumps(c, sort_keys=True))
+        if not alone:
+            continue
+        med = {k: statistics.median(x["timing"][k]["median"] for x in alone)
+               for k in ("forward_ms", "backward_ms", "optimizer_ms", "step_ms")}
+        precision = get_precision(c["precision"])
+        workload = build(ModelSpec.from_dict(c), Shape(c["batch_size"], c.get("seq_len"), c.get("image_size")),
+                         "meta", precision.param_dtype)
+        blocks = fsdp.find_blocks(workload.model)
+        slowdown = profile.compute_slowdown(world)
+        param_bytes = torch_bytes(precision.param_dtype)
+        step = fsdp.fsdp_step(med["forward_ms"] * slowdown, med["backward_ms"] * slowdown,
+                              med["optimizer_ms"] * slowdown, blocks, profile.level(world), world,
+                              param_bytes=param_bytes, mode=mode, overlap=profile.overlap,
+                              copy_ms=lambda b: profile.bucket_copy_ms(b, world))
+        measured = r["timing"]["step_ms"]["median"]
+        rows.append({"spec": c["spec"], "precision": c["precision"], "batch_size": c["batch_size"], "mode": mode,
+                     "world_size": world, "blocks": len(blocks.block_params), "params": r["params"],
+                     "measured_ms": measured, "one_process_ms": med["step_ms"], "head_ms": step.iteration_ms,
+                     "comm_ms": step.comm_total_ms, "exposed_ms": step.exposed_ms})
+
+    def ape(pred, meas):
+        return abs(pred / meas - 1) * 100
+
+    print(f"{len(rows)} gloo FSDP records with a one-process twin; interconnect {profile.name}")
+    print(f"{'model':<32}{'prec':>9}{'mode':>17}{'N':>3}{'blk':>4}{'measured':>10}{'1-proc':>9}{'comm':>8}"
+          f"{'head':>9}{'err':>7}")
+    for x in rows:
+        print(f"{x['spec'][:31]:<32}{x['precision']:>9}{x['mode']:>17}{x['world_size']:>3}{x['blocks']:>4}"
+              f"{x['measured_ms']:>8.1f}ms{x['one_process_ms']:>7.1f}ms{x['comm_ms']:>6.1f}ms"
+              f"{x['head_ms']:>7.1f}ms{ape(x['head_ms'], x['measured_ms']):>6.1f}%")
+    if not rows:
+        return
+    print()
+    print(f"{'world size':<12}{'n':>4}{'naive MAPE':>12}{'head MAPE':>11}{'head median':>13}")
+    for world in sorted({x["world_size"] for x in rows}) + [None]:
+        sel = [x for x in rows if world is None or x["world_size"] == world]
+        naive = [ape(x["one_process_ms"], x["measured_ms"]) for x in sel]
+        head = [ape(x["head_ms"], x["measured_ms"]) for x in sel]
+        print(f"{'all' if world is None else world:<12}{len(sel):>4}{statistics.mean(naive):>11.1f}%"
+              f"{statistics.mean(head):>10.1f}%{statistics.median(head):>12.1f}%")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+
+
+def torch_bytes(dtype) -> int:
+    import torch
+
+    return torch.empty((), dtype=dtype).element_size()
+
+
+if __name__ == "__main__":
+    main()
