@@ -24,7 +24,7 @@ import torch
 
 from gnn_ptp import graph as graph_mod
 from gnn_ptp.errors import UserError
-from gnn_ptp.records import iter_records
+from gnn_ptp.records import iter_records, measurement_problem
 from gnn_ptp.store import atomic_torch_save, from_bytes, to_bytes
 
 PHASE_KEYS = ("forward_ms", "backward_ms", "optimizer_ms", "step_ms")
@@ -45,10 +45,11 @@ class Measured:
     n_records: int
 
 
-def measured_configs(data_dir: str | Path, world_size: int = 1) -> list[Measured]:
-    """The ok, single-process (or ``world_size``) configurations of a dataset folder."""
+def measured_configs(data_dir: str | Path, world_size: int = 1, strict: bool = False) -> list[Measured]:
+    """The ok, single-process (or ``world_size``) configurations of a dataset folder. Bad record lines
+    are skipped and reported (``strict``: refused), see ``records.iter_records``."""
     groups: dict[str, list[dict]] = defaultdict(list)
-    for r in iter_records(data_dir):
+    for r in iter_records(data_dir, strict=strict, check=measurement_problem):
         if r.get("status") != "ok" or (r.get("ddp") or {}).get("world_size", 1) != world_size:
             continue
         groups[r["key"]].append(r)

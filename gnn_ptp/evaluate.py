@@ -27,12 +27,12 @@ def _split_of(meta: dict, family: str) -> str:
 
 
 def evaluate(checkpoint_dir: str | Path, data_dir: str | Path, split: str = "test", plot: str | None = None,
-             log=None) -> dict:
+             log=None, strict: bool = False) -> dict:
     if split not in SPLITS:
         raise UserError(f"--split {split!r}: allowed: {', '.join(SPLITS)}")
     log = log or (lambda msg: print(msg, file=sys.stderr))
     model, meta = checkpoint.load(checkpoint_dir)
-    measured = dataset.measured_configs(data_dir)
+    measured = dataset.measured_configs(data_dir, strict=strict)
     if measured[0].hardware != meta["hardware"]:
         raise UserError(f"checkpoint {checkpoint_dir} predicts {meta['hardware']!r}, "
                         f"data {data_dir} is {measured[0].hardware!r}")

@@ -17,6 +17,7 @@ import dataclasses
 import functools
 import time
 import weakref
+from pathlib import Path
 from dataclasses import dataclass
 
 import torch
@@ -24,9 +25,9 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from gnn_ptp import cuda_dispatch, ops, replicate
-from gnn_ptp.errors import UserError, closest
+from gnn_ptp.errors import UserError, closest, user_code_error
 from gnn_ptp.precision import get_precision
-from gnn_ptp.spec import ModelSpec, Shape, build
+from gnn_ptp.spec import ModelSpec, Shape, build, py_file
 
 OPTIMIZERS = ("adamw", "adam", "sgd")
 TARGETS = ("cuda", "cpu")
@@ -426,6 +427,12 @@ def _record(config: StepConfig, workload, stack: str | None = None) -> torch.fx.
     except UserError:
         raise
     except Exception as e:
+        user_file = py_file(config.spec)
+        if user_file is not None:  # the user's model or inputs (a shape mismatch...): their error, located
+            doing = f"tracing the training step ({config.precision})"
+            if not _raised_in(e, user_file):
+                doing += f" of the model {config.spec.name.rpartition(':')[2]}() returned"
+            raise user_code_error(e, user_file, doing) from e
         raise TraceError(f"could not trace a training step of {config.spec} "
                          f"({config.precision}): {type(e).__name__}: {e}") from e
     finally:
@@ -436,6 +443,13 @@ def _record(config: StepConfig, workload, stack: str | None = None) -> torch.fx.
     _annotate_phases(graph, marks)
     _drop_unused_constants(graph)
     return graph
+
+
+def _raised_in(e: BaseException, file: Path) -> bool:
+    import traceback
+
+    target = Path(file).resolve()
+    return any(Path(f.filename).resolve() == target for f in traceback.extract_tb(e.__traceback__))
 
 
 class TraceError(RuntimeError):
