@@ -49,6 +49,13 @@ class CalibrateConfig:
     hardware: tuple[str, ...] = ()
     """Hardware labels (as in datasets/<hardware>) this profile is the default interconnect for."""
 
+    def validate(self) -> None:
+        """Before any process starts: the size range and the fit range."""
+        self.sizes()
+        if not self.min_bytes <= self.fit_min_bytes <= self.max_bytes:
+            raise UserError(f"--fit-min-bytes {self.fit_min_bytes} is outside --min-bytes {self.min_bytes} .. "
+                            f"--max-bytes {self.max_bytes}")
+
     def sizes(self) -> list[int]:
         if self.min_bytes < 4 or self.max_bytes < self.min_bytes:
             raise UserError(f"--min-bytes {self.min_bytes} / --max-bytes {self.max_bytes}: need 4 <= min <= max")

@@ -56,10 +56,13 @@ def load(path: str | Path):
     except Exception as e:  # torch's message advises weights_only=False, which would run the file's code
         raise UserError(f"checkpoint {path}: model.pt is not a readable weights file ({type(e).__name__}); "
                         "it is damaged or not from gnn-ptp train (retrain it or restore it from git)") from None
-    try:
-        model.load_state_dict(state)
-    except (RuntimeError, TypeError, AttributeError) as e:
-        raise UserError(f"checkpoint {path}: model.pt does not match meta.json's model "
-                        f"({first_line(e)})") from None
+    expected = model.state_dict()
+    if not isinstance(state, dict) or set(state) != set(expected) or any(
+            getattr(state[k], "shape", None) != v.shape for k, v in expected.items()):
+        have = set(state) if isinstance(state, dict) else set()
+        raise UserError(f"checkpoint {path}: model.pt does not match meta.json's model ({len(expected) - len(have & set(expected))} "
+                        f"weights missing, {len(have - set(expected))} unexpected, or shapes differ); "
+                        "the two files come from different trainings")
+    model.load_state_dict(state)
     model.eval()
     return model, meta

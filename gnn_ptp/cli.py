@@ -430,6 +430,7 @@ def run_calibrate(args) -> int:
     from gnn_ptp.calibrate import calibrate, check_out, config_from_args, format_profile
 
     cfg = config_from_args(args)
+    cfg.validate()
     check_out(cfg)
     profile = calibrate(cfg)
     if profile is not None:

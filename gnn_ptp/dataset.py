@@ -49,7 +49,8 @@ def measured_configs(data_dir: str | Path, world_size: int = 1, strict: bool = F
     """The ok, single-process (or ``world_size``) configurations of a dataset folder. Bad record lines
     are skipped and reported (``strict``: refused), see ``records.iter_records``."""
     groups: dict[str, list[dict]] = defaultdict(list)
-    for r in iter_records(data_dir, strict=strict, check=measurement_problem):
+    skipped: list[str] = []
+    for r in iter_records(data_dir, warn=skipped.append, strict=strict, check=measurement_problem):
         if r.get("status") != "ok" or (r.get("ddp") or {}).get("world_size", 1) != world_size:
             continue
         groups[r["key"]].append(r)
@@ -60,7 +61,10 @@ def measured_configs(data_dir: str | Path, world_size: int = 1, strict: bool = F
         out.append(Measured(key, rs[0]["config"], rs[0].get("family") or "?", rs[0]["env"]["hardware"], ms,
                             sum(peaks) / len(peaks) if peaks else None, len(rs)))
     if not out:
-        raise UserError(f"no usable records (status ok, world size {world_size}) in {data_dir}")
+        raise UserError(f"no usable records (status ok, world size {world_size}) in {data_dir}"
+                        + (f"; {skipped[0]}" if skipped else ""))
+    for message in skipped:
+        print(f"warning: {message}", file=sys.stderr)
     hardware = {m.hardware for m in out}
     if len(hardware) > 1:
         raise UserError(f"{data_dir} mixes hardware {sorted(hardware)}; keep one folder per hardware")

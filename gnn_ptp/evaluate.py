@@ -19,6 +19,8 @@ from gnn_ptp.hardware import get_hardware
 from gnn_ptp.train import predict_samples
 
 SPLITS = ("test", "val", "train", "all")
+PLOT_SUFFIXES = (".png", ".pdf", ".svg")
+"""File types ``--plot`` writes (matplotlib picks the format from the suffix)."""
 BASELINE_DIR = "baselines"
 
 

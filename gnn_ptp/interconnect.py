@@ -117,10 +117,10 @@ class Interconnect:
                                         -f.measured_gpus))
 
     def allreduce(self, message_bytes: float, gpus: int, nodes: int | None = None) -> AllReduceTime:
-        nodes = self.nodes_for(gpus, nodes)
+        given, nodes = nodes, self.nodes_for(gpus, nodes)
         if gpus == 1:
             return AllReduceTime(message_bytes, 1, 1, 0.0, math.inf, math.inf, "none", "", self.name, True)
-        fabric = self.level(gpus, nodes)
+        fabric = self.level(gpus, given)
         t_us = fabric.allreduce_us(message_bytes, gpus)
         algbw = message_bytes / (t_us * 1e3) if t_us > 0 else math.inf
         algorithm = fabric.algorithm if fabric.split_bytes is None else \

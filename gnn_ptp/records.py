@@ -92,11 +92,9 @@ def _number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
 
 
-def measurement_problem(record: dict) -> str | None:
-    """Why a record cannot be used as a measurement (missing fields, wrong types), or None when it can.
-
-    The fields read by ``data stats``, ``train`` and ``evaluate``: key, status, config (spec, precision,
-    batch_size), env.hardware, and for ``ok`` records the median of every phase's timing."""
+def record_problem(record: dict) -> str | None:
+    """Why ``data stats`` cannot count a record (missing fields, wrong types), or None when it can: a
+    string key, a known status, config.precision, and for ``ok`` records a numeric step median."""
     if not isinstance(record.get("key"), str):
         return "missing or non-string field 'key'"
     if record.get("status") not in STATUSES:
@@ -104,8 +102,41 @@ def measurement_problem(record: dict) -> str | None:
     config = record.get("config")
     if not isinstance(config, dict):
         return "missing or non-object field 'config'"
-    for name, kind, label in (("spec", str, "a string"), ("precision", str, "a string"),
-                              ("batch_size", int, "an integer")):
+    if not isinstance(config.get("precision"), str):
+        return f"field 'config.precision' is {config.get('precision')!r}, expected a string"
+    for name in ("env", "memory"):
+        if record.get(name) is not None and not isinstance(record[name], dict):
+            return f"field '{name}' is not an object"
+    if record.get("ddp") is not None and not (isinstance(record["ddp"], dict)
+                                               and isinstance(record["ddp"].get("world_size", 1), int)):
+        return "field 'ddp' is not an object with an integer world_size"
+    if record["status"] == "ok":
+        timing = record.get("timing")
+        if not isinstance(timing, dict):
+            return "status ok but missing or non-object field 'timing'"
+        return _phase_problem(timing, "step_ms")
+    return None
+
+
+def _phase_problem(timing: dict, name: str) -> str | None:
+    phase = timing.get(name)
+    if not isinstance(phase, dict) or not _number(phase.get("median")) or phase["median"] < 0:
+        return f"status ok but 'timing.{name}.median' is missing or not a non-negative number"
+    for q in ("p10", "p90"):
+        if q in phase and not _number(phase[q]):
+            return f"field 'timing.{name}.{q}' is {phase[q]!r}, expected a number"
+    return None
+
+
+def measurement_problem(record: dict) -> str | None:
+    """Why a record cannot be used as a measurement by ``train`` and ``evaluate`` (missing fields, wrong
+    types), or None when it can: ``record_problem``'s fields, config.spec and batch_size, env.hardware,
+    and for ``ok`` records the median of every phase's timing."""
+    why = record_problem(record)
+    if why:
+        return why
+    config = record["config"]
+    for name, kind, label in (("spec", str, "a string"), ("batch_size", int, "an integer")):
         value = config.get(name)
         if not isinstance(value, kind) or isinstance(value, bool):
             return f"field 'config.{name}' is {value!r}, expected {label}"
@@ -115,22 +146,13 @@ def measurement_problem(record: dict) -> str | None:
             return f"field 'config.{name}' is {value!r}, expected an integer or null"
     if config.get("set") is not None and not isinstance(config.get("set"), dict):
         return f"field 'config.set' is {config.get('set')!r}, expected an object"
-    env = record.get("env")
-    if not isinstance(env, dict) or not isinstance(env.get("hardware"), str):
+    if not isinstance((record.get("env") or {}).get("hardware"), str):
         return "missing or non-string field 'env.hardware'"
-    if record.get("ddp") is not None and not (isinstance(record["ddp"], dict)
-                                               and isinstance(record["ddp"].get("world_size", 1), int)):
-        return "field 'ddp' is not an object with an integer world_size"
-    if record.get("memory") is not None and not isinstance(record["memory"], dict):
-        return "field 'memory' is not an object"
     if record["status"] == "ok":
-        timing = record.get("timing")
-        if not isinstance(timing, dict):
-            return "status ok but missing or non-object field 'timing'"
         for name in _TIMING_KEYS:
-            phase = timing.get(name)
-            if not isinstance(phase, dict) or not _number(phase.get("median")) or phase["median"] < 0:
-                return f"status ok but 'timing.{name}.median' is missing or not a non-negative number"
+            why = _phase_problem(record["timing"], name)
+            if why:
+                return why
     return None
 
 

@@ -269,7 +269,7 @@ def _hf_config(spec: ModelSpec):
     try:
         default = transformers.AutoConfig.for_model(model_type, **data)
     except Exception as e:  # transformers validates field types and values as it builds the config
-        raise UserError(f"config file {name!r}: transformers refuses it: {one_line(first_line(e))}") from None
+        raise UserError(f"config file {name!r}: transformers refuses it: {_config_error(e)}") from None
     known = (set(default.to_dict()) | set(getattr(default, "attribute_map", {}))
              | {k for k in dir(type(default)) if isinstance(getattr(type(default), k, None), property)})
     for key in overrides:
@@ -286,16 +286,21 @@ def _hf_config(spec: ModelSpec):
             if getattr(config, key, None) != value:
                 setattr(config, key, value)
     except Exception as e:  # strict dataclass validation: "Field 'n_layer' expected int, got str"
-        why = one_line(e)
-        m = re.search(r"(Field '[^']+' expected [^(]+)", why)
-        raise UserError(f"{given}: {default.model_type} {m.group(1).strip() if m else why} "
-                        f"(the config's default for it: {_default_of(default, why)})") from None
+        raise UserError(f"{given}: {default.model_type} {_config_error(e)} "
+                        f"(the config's default for it: {_default_of(default, one_line(e))})") from None
     if attn is not None:
         allowed = ("sdpa", "eager", "flash_attention_2")
         if attn not in allowed:
             raise UserError(f"--set attn_implementation={attn}: allowed: {', '.join(allowed)}")
         config._attn_implementation = attn
     return config
+
+
+def _config_error(e: Exception) -> str:
+    """transformers' config validation error on one line: "Field 'n_layer' expected int, got str"."""
+    why = one_line(e)
+    m = re.search(r"(Field '[^']+' expected [^(]+)", why)
+    return m.group(1).strip() if m else why[:300]
 
 
 def _default_of(default, why: str) -> str:
@@ -549,7 +554,10 @@ def py_file(spec: ModelSpec) -> Path | None:
 def _kind(value) -> str:
     if isinstance(value, tuple):
         return f"a tuple of {len(value)}"
-    return "None" if value is None else f"a {type(value).__name__}"
+    if value is None:
+        return "None"
+    name = type(value).__name__
+    return f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
 
 
 class _PositionalLoss:

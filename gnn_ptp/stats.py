@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import statistics
+import sys
 from collections import Counter, defaultdict
 
 from gnn_ptp.errors import UserError
-from gnn_ptp.records import iter_records, measurement_problem
+from gnn_ptp.records import iter_records, record_problem
 
 
 def noise(record: dict) -> float | None:
@@ -23,15 +24,19 @@ def _quantile(values: list[float], q: float) -> float:
 
 
 def dataset_stats(path, min_step_ms: float = 10.0, strict: bool = False) -> dict:
-    rows = list(iter_records(path, strict=strict, check=measurement_problem))
+    skipped: list[str] = []
+    rows = list(iter_records(path, warn=skipped.append, strict=strict, check=record_problem))
     if not rows:
-        raise UserError(f"no records in {str(path)!r}: it holds no readable *.jsonl record "
-                        "(a dataset folder holds <grid>.jsonl files written by gnn-ptp collect)")
+        raise UserError(f"no records in {str(path)!r}: " + (skipped[0] if skipped else
+                        "it holds no *.jsonl record (a dataset folder holds <grid>.jsonl files written by "
+                        "gnn-ptp collect)"))
+    for message in skipped:
+        print(f"warning: {message}", file=sys.stderr)
     by = {name: Counter() for name in ("hardware", "family", "precision", "status", "world_size")}
     noises, long_noises = [], []
     groups: dict[str, list[float]] = defaultdict(list)
     for r in rows:
-        by["hardware"][r.get("env", {}).get("hardware", "?")] += 1
+        by["hardware"][(r.get("env") or {}).get("hardware", "?")] += 1
         by["family"][r.get("family") or "?"] += 1
         by["precision"][r["config"]["precision"]] += 1
         by["status"][r.get("status", "?")] += 1

@@ -428,7 +428,8 @@ def _record(config: StepConfig, workload, stack: str | None = None) -> torch.fx.
         raise
     except Exception as e:
         user_file = py_file(config.spec)
-        if user_file is not None:  # the user's model or inputs (a shape mismatch...): their error, located
+        if user_file is not None and not _beyond_tracing(e):  # the user's model or inputs (a shape
+            # mismatch...): their error, located in their file
             doing = f"tracing the training step ({config.precision})"
             if not _raised_in(e, user_file):
                 doing += f" of the model {config.spec.name.rpartition(':')[2]}() returned"
@@ -443,6 +444,16 @@ def _record(config: StepConfig, workload, stack: str | None = None) -> torch.fx.
     _annotate_phases(graph, marks)
     _drop_unused_constants(graph)
     return graph
+
+
+def _beyond_tracing(e: BaseException) -> bool:
+    """Valid PyTorch that a trace on fake tensors cannot follow (a Python branch on a tensor's value, an
+    op without a fake kernel): a limit of the tracer (TraceError), not a mistake in the user's code."""
+    from torch._subclasses import fake_tensor
+
+    kinds = tuple(getattr(fake_tensor, n) for n in ("DataDependentOutputException", "DynamicOutputShapeException",
+                                                     "UnsupportedOperatorException") if hasattr(fake_tensor, n))
+    return isinstance(e, kinds) or "data-dependent" in str(e).lower() or "DataDependent" in type(e).__name__
 
 
 def _raised_in(e: BaseException, file: Path) -> bool:
