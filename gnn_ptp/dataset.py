@@ -101,11 +101,16 @@ def _cache_path(data_dir: Path, target: str, precision_aware: bool) -> Path:
 
 def load_graphs(data_dir: str | Path, measured: list[Measured], precision_aware: bool = True,
                 log=None) -> dict[str, dict[str, torch.Tensor]]:
-    """Graph tensors for every measured configuration, from the cache or traced now (then cached)."""
+    """Graph tensors for every measured configuration: from the folder's cache, else from the per-graph
+    cache ``predict`` keeps (``~/.cache/gnn-ptp/graphs``, keyed by step config, FEATURE_VERSION and
+    library versions), else traced now (each distinct step once: a precision-unaware graph is the fp32
+    graph of the same config) and written to both. Progress goes to ``log`` (stderr)."""
+    from gnn_ptp.prediction import _cache_dir, _graph_key
+
     data_dir = Path(data_dir)
     target = trace_target(measured[0].hardware)
     path = _cache_path(data_dir, target, precision_aware)
-    stored: dict = torch.load(path, weights_only=True) if path.exists() else {}
+    stored: dict = _load_folder_cache(path)
     failures: dict[str, str] = stored.pop(_FAILED, {})  # configs that would not trace: not retried
     cache = {k: v for k, v in stored.items() if all(f in v for f in _DATA_FIELDS)}  # stale entries go
     log = log or (lambda msg: print(msg, file=sys.stderr))
@@ -114,30 +119,78 @@ def load_graphs(data_dir: str | Path, measured: list[Measured], precision_aware:
         log(f"{len(known_failures)} configurations could not be traced before and are left out "
             f"(e.g. {known_failures[0].config['spec']}: {failures[known_failures[0].key]})"[:300])
     missing = [m for m in measured if m.key not in cache and m.key not in failures]
+    # the shared per-graph cache, and one trace per distinct step
+    by_graph: dict[str, list[Measured]] = {}
+    for m in missing:
+        by_graph.setdefault(_graph_key(step_config_of(m.config, target, precision_aware)), []).append(m)
+    shared = _cache_dir()
+    reused = 0
+    for gkey in list(by_graph):
+        tensors = _load_shared(shared / f"{gkey}.pt")
+        if tensors is not None:
+            for m in by_graph.pop(gkey):
+                cache[m.key] = tensors
+                reused += 1
     if missing:
-        log(f"tracing {len(missing)} graphs ({len(cache)} cached) for {data_dir} ...")
+        log(f"{len(missing)} graphs for {data_dir} not in its cache: {reused} from {shared}, "
+            f"{len(by_graph)} distinct steps to trace ({len(cache) - reused} cached) ...")
     start, failed = time.perf_counter(), 0
-    jobs = [(m.config, target, precision_aware) for m in missing]
-    for i, (m, result) in enumerate(zip(missing, _map(_graph_or_error, jobs)), 1):
+    keys = list(by_graph)
+    jobs = [(by_graph[k][0].config, target, precision_aware) for k in keys]
+    for i, (gkey, result) in enumerate(zip(keys, _map(_graph_or_error, jobs)), 1):
+        group = by_graph[gkey]
         if isinstance(result, str):  # a config that measured fine but will not trace: skip, say so
-            failed += 1
-            failures[m.key] = result[:500]
-            log(f"  skipped {m.config['spec']} ({m.config['precision']}): {result}"[:300])
+            failed += len(group)
+            for m in group:
+                failures[m.key] = result[:500]
+            log(f"  skipped {group[0].config['spec']} ({group[0].config['precision']}): {result}"[:300])
         else:
-            cache[m.key] = from_bytes(result)
-        if i % 50 == 0 or i == len(missing):
+            tensors, info = from_bytes(result)
+            for m in group:
+                cache[m.key] = tensors
+            try:  # predict (and a later evaluate of another folder) reuse it
+                atomic_torch_save({"tensors": tensors, "info": json.dumps(info)}, shared / f"{gkey}.pt")
+            except OSError:
+                pass
+        if i % 50 == 0 or i == len(keys):
             atomic_torch_save({**cache, _FAILED: failures}, path)
-            log(f"  {i}/{len(missing)} traced ({time.perf_counter() - start:.0f} s)")
+            elapsed = time.perf_counter() - start
+            left = elapsed / i * (len(keys) - i)
+            log(f"  {i}/{len(keys)} traced ({elapsed:.0f} s" + (f", ~{left:.0f} s left)" if i < len(keys) else ")"))
+    if (reused or known_failures) and not keys:
+        atomic_torch_save({**cache, _FAILED: failures}, path)
     if failed:
         log(f"{failed} configurations could not be traced and are left out")
     return cache
 
 
-def _graph_or_error(job) -> bytes | str:
-    """Graph tensors serialised to bytes (torch's own tensor sharing between processes passes file
-    descriptors that die with the worker), or why the config would not trace."""
+def _load_folder_cache(path: Path) -> dict:
+    if not path.exists():
+        return {}
     try:
-        return to_bytes(graph_tensors(*job))
+        return torch.load(path, weights_only=True)
+    except Exception:  # a damaged cache (a killed run mid-write cannot leave one; a copied one can)
+        return {}
+
+
+def _load_shared(path: Path) -> dict | None:
+    if not path.is_file():
+        return None
+    try:
+        tensors = torch.load(path, weights_only=True)["tensors"]
+    except Exception:  # an unreadable entry is rebuilt, never trusted
+        return None
+    return tensors if all(f in tensors for f in _DATA_FIELDS) else None
+
+
+def _graph_or_error(job) -> bytes | str:
+    """(graph tensors, summary info) serialised to bytes (torch's own tensor sharing between processes
+    passes file descriptors that die with the worker), or why the config would not trace."""
+    from gnn_ptp.prediction import _build_graph
+
+    config, target, precision_aware = job
+    try:
+        return to_bytes(_build_graph(step_config_of(config, target, precision_aware)))
     except Exception as e:
         return f"{type(e).__name__}: {e}"
 
