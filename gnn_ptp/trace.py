@@ -25,7 +25,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from gnn_ptp import cuda_dispatch, ops, replicate
-from gnn_ptp.errors import UserError, closest, user_code_error
+from gnn_ptp.errors import UserError, closest, first_line, user_code_error
 from gnn_ptp.precision import get_precision
 from gnn_ptp.spec import ModelSpec, Shape, build, py_file
 
@@ -332,6 +332,38 @@ def trace_step(config: StepConfig) -> TracedStep:
 
 @functools.lru_cache(maxsize=32)
 def _trace_cached(config: StepConfig) -> TracedStep:
+    try:
+        return _trace_uncached(config)
+    except UserError:
+        raise
+    except Exception as e:
+        cause = e.__cause__ if isinstance(e, TraceError) and e.__cause__ is not None else e
+        error = _settings_error(config, cause)
+        if error is None:
+            raise
+        raise error from e
+
+
+def _settings_error(config: StepConfig, e: BaseException) -> UserError | None:
+    """A built-in model (hf, torchvision, timm, random) that fails to build or trace under settings the
+    user chose (``--set`` values, a sequence length, an image size, batch 1) fails because of them:
+    ``--set n_head=5`` on a 768-wide GPT-2, a 100-pixel image for 16-pixel ViT patches. Named as the
+    user's error, with what they gave. None when nothing was chosen (then it is ours) or when the model
+    is valid PyTorch the tracer cannot follow."""
+    if config.spec.source == "py" or _beyond_tracing(e):
+        return None
+    shape = config.shape
+    chosen = [f"{k}={v}" for k, v in config.spec.overrides]
+    chosen += [f"--seq-len {shape.seq_len}"] if shape.seq_len is not None else []
+    chosen += [f"--image-size {shape.image_size}"] if shape.image_size is not None else []
+    chosen += ["--batch-size 1"] if shape.batch_size == 1 else []
+    if not chosen:
+        return None
+    return UserError(f"{config.spec.spec} does not build or run with {', '.join(chosen)}: {type(e).__name__}: "
+                     f"{' '.join(first_line(e).split())} (change those values; --debug shows the traceback)")
+
+
+def _trace_uncached(config: StepConfig) -> TracedStep:
     start = time.perf_counter()
     precision = get_precision(config.precision)
     workload = build(config.spec, config.shape, "meta", precision.param_dtype)
