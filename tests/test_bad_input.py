@@ -356,3 +356,57 @@ def test_bad_input_subprocess(argv, names, bad_files):
     r = subprocess.run([sys.executable, "-m", "gnn_ptp", *argv], capture_output=True, text=True, env=env,
                        cwd=bad_files, timeout=120)
     check_one_line(r.returncode, r.stdout, r.stderr, _command(argv), names)
+
+
+# --- the newcomer's path: what the issue found answered wrongly
+
+
+def test_readme_style_py_model_works(capsys, monkeypatch, tmp_path):
+    """A factory written from the README (a tensor input, a tensor target, nn.CrossEntropyLoss()) traces,
+    and its one input tensor is passed whole, not unpacked along the batch."""
+    from gnn_ptp.spec import Shape, build, parse_spec
+
+    w = build(parse_spec(f"py:{TESTS}/user_models.py:classifier"), Shape(4), "meta")
+    assert len(w.args) == 1 and tuple(w.args[0].shape) == (4, 32)
+    assert list(w.targets) == ["target0"] and tuple(w.targets["target0"].shape) == (4,)
+    monkeypatch.setenv("GNN_PTP_CACHE", str(tmp_path))
+    assert cli.main(["graph", f"py:{TESTS}/user_models.py:classifier", "--batch-size", "4", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["batch_size"] == 4
+
+
+def test_gpus_checked_before_tracing(capsys, monkeypatch):
+    from gnn_ptp import prediction
+
+    monkeypatch.setattr(prediction, "_graphs", lambda *a, **k: pytest.fail("traced before checking --gpus"))
+    assert cli.main([*P, "--gpus", "8"]) == 2
+    err = capsys.readouterr().err
+    assert "--gpus 8" in err and "node" in err and "2 nodes" not in err
+
+
+def test_range_warnings_name_the_value_given():
+    """Graph features are log2(1 + x): a sequence of 512 reads 512 in the warning, not 513."""
+    import torch
+
+    from gnn_ptp import graph, prediction
+
+    names = graph.GRAPH_FEATURE_NAMES
+    u = torch.zeros(1, len(names))
+    u[0, names.index("log_seq_len")] = graph._log(512)
+    lo, hi = [0.0] * len(names), [0.0] * len(names)
+    lo[names.index("log_seq_len")], hi[names.index("log_seq_len")] = graph._log(16), graph._log(128)
+    notes = prediction._ood_warnings(u, {"x_cat": torch.zeros(1, 1, dtype=torch.long)},
+                                     {"train_ranges": {"u_min": lo, "u_max": hi, "op_ids": [0]}})
+    assert notes == ["seq_len is 512, outside the training range [16, 128]: extrapolating"]
+
+
+def test_predict_table_columns_never_touch():
+    from gnn_ptp.prediction import Prediction, format_predictions
+
+    p = Prediction(spec="hf:gpt2", precision="fp32", batch_size=8, seq_len=1024, image_size=None,
+                   optimizer="adamw", gpus=16, hardware="h100", forward_ms=9999.9, backward_ms=145800.0,
+                   optimizer_ms=1.0, compute_ms=145800.0, comm_exposed_ms=9181.9, iteration_ms=154981.9,
+                   peak_memory_bytes=2e9)
+    lines = format_predictions([p]).splitlines()
+    header = next(line for line in lines if line.startswith("precision"))
+    row = next(line for line in lines if line.startswith("fp32"))
+    assert len(row.split()) == len(header.split())  # one token per column ("peak mem" and "2.0 GB": two)
