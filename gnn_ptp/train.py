@@ -274,6 +274,10 @@ def train(cfg: TrainConfig, data_dir: str | Path, out: str | Path | None, logger
             **summary,
         }
         summary["checkpoint"] = str(checkpoint.save(model, meta, out))
+        if cfg.model.precision_aware:  # the ridge baseline of `evaluate`, fitted once here on these graphs
+            from gnn_ptp.baselines import GraphTotalsRidge, save_ridge
+
+            save_ridge(GraphTotalsRidge().fit(parts["train"], parts["val"]), summary["data_hash"], out)
         log(f"checkpoint written to {out}")
     summary["model"] = model
     return summary
