@@ -134,7 +134,7 @@ def load_graphs(data_dir: str | Path, measured: list[Measured], precision_aware:
     if missing:
         log(f"{len(missing)} graphs for {data_dir} not in its cache: {reused} from {shared}, "
             f"{len(by_graph)} distinct steps to trace ({len(cache) - reused} cached) ...")
-    start, failed = time.perf_counter(), 0
+    start, failed, shown_s = time.perf_counter(), 0, 0.0
     keys = list(by_graph)
     jobs = [(by_graph[k][0].config, target, precision_aware) for k in keys]
     for i, (gkey, result) in enumerate(zip(keys, _map(_graph_or_error, jobs)), 1):
@@ -154,7 +154,9 @@ def load_graphs(data_dir: str | Path, measured: list[Measured], precision_aware:
                 pass
         if i % 50 == 0 or i == len(keys):
             atomic_torch_save({**cache, _FAILED: failures}, path)
-            elapsed = time.perf_counter() - start
+        elapsed = time.perf_counter() - start
+        if i == len(keys) or i % max(1, min(50, len(keys) // 10)) == 0 or elapsed - shown_s >= 30:
+            shown_s = elapsed
             left = elapsed / i * (len(keys) - i)
             log(f"  {i}/{len(keys)} traced ({elapsed:.0f} s" + (f", ~{left:.0f} s left)" if i < len(keys) else ")"))
     if (reused or known_failures) and not keys:

@@ -57,7 +57,8 @@ NOT_IN_CI = {
         ("trains for ~10 minutes on 2 cores and would replace the shipped checkpoint; test_train.py trains "
          "small ones", "parse"),
     "gnn-ptp evaluate --checkpoint checkpoints/cpu --data datasets/cpu --plot parity.png":
-        ("traces ~800 graphs on a cold cache (minutes); test_evaluate.py evaluates small data", "parse"),
+        ("traces the 33 held-out configurations on a cold cache (~2 minutes on 2 cores); test_evaluate.py "
+         "evaluates small data, test_graph_cache.py the cache", "parse"),
     "gnn-ptp evaluate --checkpoint checkpoints/cpu --data datasets/cpu": ("as above", "parse"),
     "gnn-ptp sweep --data datasets/cpu --trials 40 --write-best training/best.toml":
         ("40 training runs (hours); test_sweep.py runs small studies", "parse"),
