@@ -22,7 +22,7 @@ import torch
 
 from gnn_ptp import graph as graph_mod
 from gnn_ptp import ops
-from gnn_ptp.errors import UserError
+from gnn_ptp.errors import UserError, closest
 from gnn_ptp.precision import PRECISION_NAMES, get_precision
 from gnn_ptp.spec import Shape, parse_spec
 from gnn_ptp.store import from_bytes, to_bytes
@@ -105,7 +105,9 @@ def default_checkpoint(hardware: str) -> Path:
     shipped = sorted(p.parent.name for c in candidates for p in c.parent.glob("*/meta.json"))
     raise UserError(f"no {hardware} checkpoint is shipped yet (looked in {candidates[-2].parent}); "
                     f"shipped: {', '.join(sorted(set(shipped))) or 'none'} -- use --hardware with one of "
-                    f"them or --checkpoint PATH")
+                    f"them or --checkpoint PATH"
+                    + (f"; did you mean {hardware.lower()!r}?" if hardware.lower() in shipped and hardware != hardware.lower()
+                       else closest(hardware, set(shipped))))
 
 
 _MODELS: dict[tuple, tuple] = {}

@@ -410,3 +410,21 @@ def test_predict_table_columns_never_touch():
     header = next(line for line in lines if line.startswith("precision"))
     row = next(line for line in lines if line.startswith("fp32"))
     assert len(row.split()) == len(header.split())  # one token per column ("peak mem" and "2.0 GB": two)
+
+
+def test_hf_model_folder_with_config_json(tmp_path, capsys):
+    """hf:<folder> reads the folder's config.json (as save_pretrained writes it), like hf:<config.json>."""
+    import transformers
+
+    transformers.AutoConfig.for_model("gpt2", n_layer=1, n_embd=32, n_head=2, vocab_size=100).save_pretrained(tmp_path)
+    outs = []
+    for spec in (f"hf:{tmp_path}", f"hf:{tmp_path / 'config.json'}"):
+        assert cli.main(["graph", spec, "--batch-size", "2", "--seq-len", "8", "--json"]) == 0
+        d = json.loads(capsys.readouterr().out)
+        outs.append((d["family"], d["params"], d["nodes"]))
+    assert outs[0] == outs[1] and outs[0][0] == "gpt2"
+
+
+def test_hardware_typo_suggests_the_shipped_checkpoint(capsys):
+    assert cli.main(["predict", *GPT2, "--hardware", "CPU"]) == 2
+    assert "did you mean 'cpu'" in capsys.readouterr().err
