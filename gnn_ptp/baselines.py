@@ -72,3 +72,41 @@ class GraphTotalsRidge:
 
     def predict_ms(self, samples) -> np.ndarray:
         return np.exp(self.predict_log(samples))
+
+    def to_dict(self) -> dict:
+        mean, std, w = self.params
+        return {"alpha": self.alpha, "mean": mean.tolist(), "std": std.tolist(), "w": w.tolist()}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "GraphTotalsRidge":
+        ridge = cls()
+        ridge.alpha = d["alpha"]
+        ridge.params = (np.array(d["mean"]), np.array(d["std"]), np.array(d["w"]))
+        return ridge
+
+
+RIDGE_FILE = "graph_totals_ridge.json"
+"""In a checkpoint's ``baselines/``: the ridge baseline fitted on the checkpoint's train and validation
+families, with the hash of the data it saw. ``evaluate`` then needs graphs of the evaluated split only."""
+
+
+def save_ridge(ridge: GraphTotalsRidge, data_hash: str, checkpoint_dir) -> None:
+    from pathlib import Path
+
+    from gnn_ptp.store import atomic_write_json
+
+    (Path(checkpoint_dir) / "baselines").mkdir(parents=True, exist_ok=True)
+    atomic_write_json({"data_hash": data_hash, **ridge.to_dict()}, Path(checkpoint_dir) / "baselines" / RIDGE_FILE)
+
+
+def load_ridge(checkpoint_dir, data_hash: str) -> GraphTotalsRidge | None:
+    """The stored ridge when it was fitted on exactly this data (same hash), else None."""
+    import json
+    from pathlib import Path
+
+    path = Path(checkpoint_dir) / "baselines" / RIDGE_FILE
+    try:
+        d = json.loads(path.read_text())
+        return GraphTotalsRidge.from_dict(d) if d.get("data_hash") == data_hash else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

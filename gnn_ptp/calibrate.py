@@ -49,6 +49,13 @@ class CalibrateConfig:
     hardware: tuple[str, ...] = ()
     """Hardware labels (as in datasets/<hardware>) this profile is the default interconnect for."""
 
+    def validate(self) -> None:
+        """Before any process starts: the size range and the fit range."""
+        self.sizes()
+        if not self.min_bytes <= self.fit_min_bytes <= self.max_bytes:
+            raise UserError(f"--fit-min-bytes {self.fit_min_bytes} is outside --min-bytes {self.min_bytes} .. "
+                            f"--max-bytes {self.max_bytes}")
+
     def sizes(self) -> list[int]:
         if self.min_bytes < 4 or self.max_bytes < self.min_bytes:
             raise UserError(f"--min-bytes {self.min_bytes} / --max-bytes {self.max_bytes}: need 4 <= min <= max")
@@ -214,13 +221,7 @@ def _merge(cfg: CalibrateConfig, intra: list, inter: list, rows: list[dict], env
     from gnn_ptp import interconnect
 
     name = cfg.name or cfg.out.stem
-    old = None
-    if cfg.out.exists():
-        try:
-            old = interconnect.Interconnect.from_dict(__import__("json").loads(cfg.out.read_text()))
-        except (ValueError, KeyError, TypeError):
-            raise UserError(f"--out {cfg.out} exists and is not an interconnect profile: not overwriting it") \
-                from None
+    old = check_out(cfg)
     if old is not None:  # keep what was measured before: fits at other world sizes, their rows
         new_sizes = {(r["gpus"], "inter" if inter else "intra") for r in rows}
         intra = [f for f in old.intra if (f.measured_gpus, "intra") not in new_sizes] + intra
@@ -235,6 +236,25 @@ def _merge(cfg: CalibrateConfig, intra: list, inter: list, rows: list[dict], env
         inter=tuple(sorted(inter, key=lambda f: f.measured_gpus)), overlap=overlap, compute_slots=compute_slots,
         source="gnn-ptp calibrate-comm", env=env, measurements=tuple(rows), node_sharing=sharing or {},
         hardware=tuple(cfg.hardware) or (old.hardware if old is not None else ()))
+
+
+def check_out(cfg: CalibrateConfig):
+    """Before measuring: ``--out`` must be a writable file path, and an existing file there must be an
+    interconnect profile (its fits at other world sizes are merged, never overwritten). Returns the
+    existing profile or None."""
+    import json
+
+    from gnn_ptp import interconnect
+    from gnn_ptp.paths import check_output_file
+
+    check_output_file(cfg.out, "--out", overwrite=True)
+    if not cfg.out.exists():
+        return None
+    try:
+        return interconnect.Interconnect.from_dict(json.loads(cfg.out.read_text()))
+    except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError):
+        raise UserError(f"--out {cfg.out} exists and is not an interconnect profile: not overwriting it") \
+            from None
 
 
 def calibrate(cfg: CalibrateConfig):

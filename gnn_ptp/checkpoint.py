@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from gnn_ptp.errors import UserError
+from gnn_ptp.errors import UserError, first_line
 from gnn_ptp.store import atomic_torch_save, atomic_write_json
 
 FORMAT_VERSION = 1
@@ -35,11 +35,34 @@ def load(path: str | Path):
     path = Path(path)
     if not (path / "meta.json").is_file() or not (path / "model.pt").is_file():
         raise UserError(f"no checkpoint at {str(path)!r} (expected model.pt and meta.json there)")
-    meta = json.loads((path / "meta.json").read_text())
+    try:
+        meta = json.loads((path / "meta.json").read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise UserError(f"checkpoint {path}: meta.json is not valid JSON ({e}); the checkpoint is damaged "
+                        "(retrain it or restore it from git)") from None
+    if not isinstance(meta, dict) or not isinstance(meta.get("model"), dict) or "hardware" not in meta:
+        raise UserError(f"checkpoint {path}: meta.json lacks the 'model' and 'hardware' fields gnn-ptp "
+                        "writes; it is not a gnn-ptp checkpoint or it is damaged")
     if meta.get("feature_version") != FEATURE_VERSION:
         raise UserError(f"checkpoint {path} was trained on graph features v{meta.get('feature_version')}, "
                         f"this gnn-ptp builds v{FEATURE_VERSION}: retrain it with `gnn-ptp train`")
-    model = StepTimeGNN(ModelConfig(**meta["model"]))
-    model.load_state_dict(torch.load(path / "model.pt", weights_only=True, map_location="cpu"))
+    try:
+        model = StepTimeGNN(ModelConfig(**meta["model"]))
+    except (TypeError, ValueError, UserError) as e:
+        raise UserError(f"checkpoint {path}: meta.json's model config is not one this gnn-ptp builds "
+                        f"({first_line(e)})") from None
+    try:
+        state = torch.load(path / "model.pt", weights_only=True, map_location="cpu")
+    except Exception as e:  # torch's message advises weights_only=False, which would run the file's code
+        raise UserError(f"checkpoint {path}: model.pt is not a readable weights file ({type(e).__name__}); "
+                        "it is damaged or not from gnn-ptp train (retrain it or restore it from git)") from None
+    expected = model.state_dict()
+    if not isinstance(state, dict) or set(state) != set(expected) or any(
+            getattr(state[k], "shape", None) != v.shape for k, v in expected.items()):
+        have = set(state) if isinstance(state, dict) else set()
+        raise UserError(f"checkpoint {path}: model.pt does not match meta.json's model ({len(expected) - len(have & set(expected))} "
+                        f"weights missing, {len(have - set(expected))} unexpected, or shapes differ); "
+                        "the two files come from different trainings")
+    model.load_state_dict(state)
     model.eval()
     return model, meta

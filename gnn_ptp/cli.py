@@ -11,9 +11,17 @@ import json
 import os
 import sys
 
-from gnn_ptp.errors import UserError
+from gnn_ptp.errors import UserError, first_line, one_line
 
 PRECISION_HELP = "fp32, tf32, torch-default, amp-fp16, amp-bf16 or bf16"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with the project's error format: one line, ``<prog>: error: ...``, exit code 2 (no usage
+    block: ``--help`` has it)."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)\n")
 
 
 def _positive_int(text: str) -> int:
@@ -31,9 +39,33 @@ def _positive_float(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be positive")
+    if not 0 < value < float("inf"):  # also NaN
+        raise argparse.ArgumentTypeError(f"{text!r} must be a positive finite number")
     return value
+
+
+def _bounded_int(low: int, high: int):
+    """An argparse type for integers in [low, high], whose error names the allowed range."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer (allowed {low} to {high})") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{text!r} is out of range: allowed {low} to {high}")
+        return value
+    return parse
+
+
+STRICT_HELP = "refuse a dataset with bad record lines instead of skipping and reporting them"
+
+
+def _check_input_dir(path: str, what: str) -> None:
+    """A dataset argument must exist (before any import or work)."""
+    from pathlib import Path
+
+    if not Path(path).exists():
+        raise UserError(f"{what} {path!r} does not exist (a dataset folder such as datasets/cpu, or a .jsonl file)")
 
 
 def add_model_args(p: argparse.ArgumentParser, batch_required: bool = False) -> None:
@@ -43,10 +75,13 @@ def add_model_args(p: argparse.ArgumentParser, batch_required: bool = False) -> 
                    help="override a config field / constructor argument (repeatable)")
     p.add_argument("--task", help="hf task head: causal-lm, masked-lm, seq2seq-lm, "
                                   "sequence-classification, image-classification")
-    p.add_argument("--batch-size", type=_positive_int, required=batch_required,
+    from gnn_ptp.limits import MAX_BATCH_SIZE, MAX_IMAGE_SIZE, MAX_SEQ_LEN
+
+    p.add_argument("--batch-size", type=_bounded_int(1, MAX_BATCH_SIZE), required=batch_required,
                    default=None if batch_required else 8, help="samples per step per GPU (default 8)")
-    p.add_argument("--seq-len", type=_positive_int, help="tokens per sample (text models; default 512)")
-    p.add_argument("--image-size", type=_positive_int, help="pixels per side (vision models; default 224)")
+    p.add_argument("--seq-len", type=_bounded_int(1, MAX_SEQ_LEN), help="tokens per sample (text models; default 512)")
+    p.add_argument("--image-size", type=_bounded_int(1, MAX_IMAGE_SIZE),
+                   help="pixels per side (vision models; default 224)")
     p.add_argument("--optimizer", default="adamw", help="adamw (default), adam or sgd")
 
 
@@ -80,6 +115,10 @@ def run_graph(args) -> int:
     from gnn_ptp.store import atomic_torch_save
     from gnn_ptp.trace import trace_step
 
+    if args.out:
+        from gnn_ptp.paths import check_output_file
+
+        check_output_file(args.out, "--out", overwrite=True)
     config = step_config(args, args.precision, args.target)
     traced = trace_step(config)
     data, summary = graph.to_data(traced)
@@ -146,7 +185,9 @@ def add_collect_parser(sub) -> None:
 
 def run_collect(args) -> int:
     from gnn_ptp.collect import CollectConfig, collect
+    from gnn_ptp.paths import check_output_dir
 
+    check_output_dir(args.out, "--out")
     cfg = CollectConfig(grid=args.grid, out=args.out, device=args.device, warmup_steps=args.warmup_steps,
                         min_steps=args.min_steps, min_time_s=args.min_time_s, max_time_s=args.max_time_s,
                         overhead_target=args.overhead_target, budget_s=args.budget_s,
@@ -176,6 +217,7 @@ def add_data_parser(sub) -> None:
     stats.add_argument("--min-step-ms", type=float, default=10.0,
                        help="noise is also reported for steps at least this long (default 10)")
     stats.add_argument("--json", action="store_true")
+    stats.add_argument("--strict", action="store_true", help=STRICT_HELP)
     stats.set_defaults(run=run_data_stats)
     match = data_sub.add_parser("match", help="match the per-op profiles stored beside records onto the traced "
                                               "graphs: the share of measured time each graph node accounts for")
@@ -187,7 +229,7 @@ def add_data_parser(sub) -> None:
 def run_data_stats(args) -> int:
     from gnn_ptp.stats import dataset_stats, format_stats
 
-    s = dataset_stats(args.path, args.min_step_ms)
+    s = dataset_stats(args.path, args.min_step_ms, strict=args.strict)
     print(json.dumps(s, indent=2) if args.json else format_stats(s))
     return 0
 
@@ -217,14 +259,18 @@ def add_train_parser(sub) -> None:
                    help="also train the precision-unaware baseline (into OUT/baselines/)")
     p.add_argument("--wandb", action="store_true", help="log config, curves and metrics to Weights & Biases")
     p.add_argument("--wandb-project", default="gnn-ptp")
+    p.add_argument("--strict", action="store_true", help=STRICT_HELP)
     p.set_defaults(run=run_train)
 
 
 def run_train(args) -> int:
     import dataclasses
 
+    from gnn_ptp.paths import check_output_dir
     from gnn_ptp.train import load_train_config, train
 
+    check_output_dir(args.out, "--out")
+    _check_input_dir(args.data, "--data")
     cfg = load_train_config(args.config)
     changes = {k: v for k, v in (("seed", args.seed), ("epochs", args.epochs), ("threads", args.threads))
                if v is not None}
@@ -236,7 +282,7 @@ def run_train(args) -> int:
         logger = WandbLogger({**cfg.to_dict(), "data": args.data}, project=args.wandb_project,
                              tags=["train"])
     try:
-        result = train(cfg, args.data, args.out, logger=logger)
+        result = train(cfg, args.data, args.out, logger=logger, strict=args.strict)
         if args.baselines:
             families = result["split"]
             unaware = dataclasses.replace(
@@ -246,7 +292,7 @@ def run_train(args) -> int:
             from pathlib import Path
 
             print("training the precision-unaware baseline (graphs traced as fp32) ...", file=sys.stderr)
-            train(unaware, args.data, Path(args.out) / "baselines" / "precision_unaware")
+            train(unaware, args.data, Path(args.out) / "baselines" / "precision_unaware", strict=args.strict)
     finally:
         if logger:
             logger.finish()
@@ -261,15 +307,20 @@ def add_evaluate_parser(sub) -> None:
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--data", required=True)
     p.add_argument("--split", default="test", help="test (held-out families, default), val, train or all")
-    p.add_argument("--plot", help="write a parity plot PNG here")
+    p.add_argument("--plot", help="write a parity plot here (.png, .pdf or .svg; replaced if it exists)")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--strict", action="store_true", help=STRICT_HELP)
     p.set_defaults(run=run_evaluate)
 
 
 def run_evaluate(args) -> int:
-    from gnn_ptp.evaluate import evaluate, format_table
+    from gnn_ptp.evaluate import PLOT_SUFFIXES, evaluate, format_table
+    from gnn_ptp.paths import check_output_file
 
-    result = evaluate(args.checkpoint, args.data, args.split, args.plot)
+    if args.plot:
+        check_output_file(args.plot, "--plot", overwrite=True, suffixes=PLOT_SUFFIXES)
+    _check_input_dir(args.data, "--data")
+    result = evaluate(args.checkpoint, args.data, args.split, args.plot, strict=args.strict)
     print(json.dumps(result, indent=2) if args.json else format_table(result))
     return 0
 
@@ -300,6 +351,11 @@ def run_sweep(args) -> int:
     from gnn_ptp.sweep import require, sweep
     from gnn_ptp.train import load_train_config
 
+    if args.write_best:
+        from gnn_ptp.paths import check_output_file
+
+        check_output_file(args.write_best, "--write-best", overwrite=True)
+    _check_input_dir(args.data, "--data")
     optuna = require("optuna")
     base = load_train_config(args.config)
     if args.threads:  # a setting of this machine, not of the trials: kept out of --write-best's config
@@ -316,6 +372,10 @@ def run_sweep(args) -> int:
 # --- predict ---------------------------------------------------------------------------------------
 
 
+MAX_MESSAGE_BYTES = 1 << 40
+"""The largest all-reduce message ``--bytes`` accepts (1 TiB: far beyond any GPU's memory)."""
+
+
 def _bytes(text: str) -> int:
     """64M, 64MiB, 1G, 4096 -> bytes (K/M/G are powers of 1024, as nccl-tests' -b/-e)."""
     t = text.strip().upper().removesuffix("IB").removesuffix("B")
@@ -324,8 +384,9 @@ def _bytes(text: str) -> int:
         value = float(t[:-1] if mult > 1 else t) * mult
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a size (e.g. 4096, 64K, 25M, 1G)") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1 byte")
+    if not 1 <= value <= MAX_MESSAGE_BYTES:  # also NaN and inf
+        raise argparse.ArgumentTypeError(f"{text!r} is out of range: allowed 1 byte to 1T "
+                                         f"({MAX_MESSAGE_BYTES} bytes)")
     return int(value)
 
 
@@ -406,9 +467,12 @@ def add_calibrate_parser(sub) -> None:
 
 
 def run_calibrate(args) -> int:
-    from gnn_ptp.calibrate import calibrate, config_from_args, format_profile
+    from gnn_ptp.calibrate import calibrate, check_out, config_from_args, format_profile
 
-    profile = calibrate(config_from_args(args))
+    cfg = config_from_args(args)
+    cfg.validate()
+    check_out(cfg)
+    profile = calibrate(cfg)
     if profile is not None:
         print(format_profile(profile))
         print(f"wrote {args.out}")
@@ -472,7 +536,7 @@ def run_predict(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from gnn_ptp import __version__
 
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="gnn-ptp",
         description="Predict how long a PyTorch training step takes on an NVIDIA H100, "
                     "for any model, batch size and precision setting.")
@@ -497,15 +561,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.debug:
         _quiet_libraries()
+    name = f"gnn-ptp {args.command}" + (f" {args.data_command}" if getattr(args, "data_command", None) else "")
     try:
         return args.run(args)
     except UserError as e:
         if args.debug:
             raise
-        print(f"gnn-ptp {args.command}: error: {e}", file=sys.stderr)
+        print(f"{name}: error: {one_line(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"gnn-ptp {args.command}: interrupted", file=sys.stderr)
+        print(f"{name}: interrupted", file=sys.stderr)
         return 130
     except Exception as e:  # a failure of ours or of the model's code: one line, --debug for more
         if args.debug:
@@ -513,7 +578,7 @@ def main(argv: list[str] | None = None) -> int:
         from gnn_ptp.trace import TraceError
 
         kind = "error" if isinstance(e, TraceError) else f"internal error ({type(e).__name__})"
-        print(f"gnn-ptp {args.command}: {kind}: {e} (rerun with --debug for the traceback)",
+        print(f"{name}: {kind}: {one_line(first_line(e) or e)} (rerun with --debug for the traceback)",
               file=sys.stderr)
         return 1
 
@@ -527,6 +592,8 @@ def _quiet_libraries() -> None:
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     warnings.filterwarnings("ignore", message=".*TypedStorage is deprecated.*")
     logging.getLogger("transformers").setLevel(logging.ERROR)
+    # torch logs a failing fake-tensor op with its traceback before raising; the raised error is reported
+    logging.getLogger("torch._subclasses.fake_tensor").setLevel(logging.CRITICAL)
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

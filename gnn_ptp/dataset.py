@@ -24,7 +24,7 @@ import torch
 
 from gnn_ptp import graph as graph_mod
 from gnn_ptp.errors import UserError
-from gnn_ptp.records import iter_records
+from gnn_ptp.records import iter_records, measurement_problem
 from gnn_ptp.store import atomic_torch_save, from_bytes, to_bytes
 
 PHASE_KEYS = ("forward_ms", "backward_ms", "optimizer_ms", "step_ms")
@@ -50,10 +50,12 @@ class Measured:
     transformers_version: str | None = None
 
 
-def measured_configs(data_dir: str | Path, world_size: int = 1) -> list[Measured]:
-    """The ok, single-process (or ``world_size``) configurations of a dataset folder."""
+def measured_configs(data_dir: str | Path, world_size: int = 1, strict: bool = False) -> list[Measured]:
+    """The ok, single-process (or ``world_size``) configurations of a dataset folder. Bad record lines
+    are skipped and reported (``strict``: refused), see ``records.iter_records``."""
     groups: dict[str, list[dict]] = defaultdict(list)
-    for r in iter_records(data_dir):
+    skipped: list[str] = []
+    for r in iter_records(data_dir, warn=skipped.append, strict=strict, check=measurement_problem):
         if r.get("status") != "ok" or (r.get("ddp") or {}).get("world_size", 1) != world_size:
             continue
         groups[r["key"]].append(r)
@@ -66,7 +68,10 @@ def measured_configs(data_dir: str | Path, world_size: int = 1) -> list[Measured
                             sum(peaks) / len(peaks) if peaks else None, len(rs), env.get("torch"),
                             rs[0].get("params"), env.get("transformers")))
     if not out:
-        raise UserError(f"no usable records (status ok, world size {world_size}) in {data_dir}")
+        raise UserError(f"no usable records (status ok, world size {world_size}) in {data_dir}"
+                        + (f"; {skipped[0]}" if skipped else ""))
+    for message in skipped:
+        print(f"warning: {message}", file=sys.stderr)
     hardware = {m.hardware for m in out}
     if len(hardware) > 1:
         raise UserError(f"{data_dir} mixes hardware {sorted(hardware)}; keep one folder per hardware")
@@ -87,19 +92,24 @@ def step_config_of(config: dict, target: str, precision_aware: bool = True, kern
                       precision, config.get("optimizer", "adamw"), target, kernels if target == "cuda" else None)
 
 
+def measured_graph(config: dict, target: str, precision_aware: bool = True, kernels: str | None = None,
+                   params: int | None = None) -> tuple[dict[str, torch.Tensor], dict]:
+    """The graph (tensors, summary info) of a measured configuration, traced with the kernel choices of the
+    torch that measured it (``kernels``). ``params``, the measured model's parameter count, must match
+    what the installed libraries build: a model whose structure changed with a transformers release is
+    refused, not guessed."""
+    from gnn_ptp.prediction import _build_graph
+
+    tensors, info = _build_graph(step_config_of(config, target, precision_aware, kernels))
+    if params is not None and info["param_count"] != params:
+        raise TraceError(f"the installed libraries build {info['param_count']} parameters where the measured "
+                         f"model had {params}: its module structure changed since it was measured")
+    return tensors, info
+
+
 def graph_tensors(config: dict, target: str, precision_aware: bool = True, kernels: str | None = None,
                   params: int | None = None) -> dict[str, torch.Tensor]:
-    """The graph of a measured configuration, traced with the kernel choices of the torch that measured
-    it (``kernels``). ``params``, the measured model's parameter count, must match what the installed
-    libraries build: a model whose structure changed with a transformers release is refused, not guessed."""
-    from gnn_ptp.trace import trace_step
-
-    traced = trace_step(step_config_of(config, target, precision_aware, kernels))
-    if params is not None and traced.param_count != params:
-        raise TraceError(f"the installed libraries build {traced.param_count} parameters where the measured "
-                         f"model had {params}: its module structure changed since it was measured")
-    data, _ = graph_mod.to_data(traced)
-    return {k: data[k] for k in _DATA_FIELDS}
+    return measured_graph(config, target, precision_aware, kernels, params)[0]
 
 
 class TraceError(RuntimeError):
@@ -140,11 +150,16 @@ def _cache_path(data_dir: Path, target: str, precision_aware: bool) -> Path:
 
 def load_graphs(data_dir: str | Path, measured: list[Measured], precision_aware: bool = True,
                 log=None) -> dict[str, dict[str, torch.Tensor]]:
-    """Graph tensors for every measured configuration, from the cache or traced now (then cached)."""
+    """Graph tensors for every measured configuration: from the folder's cache, else from the per-graph
+    cache ``predict`` keeps (``~/.cache/gnn-ptp/graphs``, keyed by step config, FEATURE_VERSION and
+    library versions), else traced now (each distinct step once: a precision-unaware graph is the fp32
+    graph of the same config) and written to both. Progress goes to ``log`` (stderr)."""
+    from gnn_ptp.prediction import _cache_dir, _graph_key
+
     data_dir = Path(data_dir)
     target = trace_target(measured[0].hardware)
     path = _cache_path(data_dir, target, precision_aware)
-    stored: dict = torch.load(path, weights_only=True) if path.exists() else {}
+    stored: dict = _load_folder_cache(path)
     failures: dict[str, str] = stored.pop(_FAILED, {})  # configs that would not trace: not retried
     cache = {k: v for k, v in stored.items() if all(f in v for f in _DATA_FIELDS)}  # stale entries go
     log = log or (lambda msg: print(msg, file=sys.stderr))
@@ -155,30 +170,84 @@ def load_graphs(data_dir: str | Path, measured: list[Measured], precision_aware:
         log(f"{len(known_failures)} configurations could not be traced before and are left out "
             f"(e.g. {known_failures[0].config['spec']}: {failures[cache_key(known_failures[0])]})"[:300])
     missing = [m for m in measured if cache_key(m) not in cache and cache_key(m) not in failures]
+    # the shared per-graph cache, and one trace per distinct step
+    by_graph: dict[str, list[Measured]] = {}
+    for m in missing:
+        by_graph.setdefault(_graph_key(step_config_of(m.config, target, precision_aware, m.torch_version)),
+                            []).append(m)
+    shared = _cache_dir()
+    reused = 0
+    for gkey in list(by_graph):
+        tensors = _load_shared(shared / f"{gkey}.pt", by_graph[gkey][0].params)
+        if tensors is not None:
+            for m in by_graph.pop(gkey):
+                cache[cache_key(m)] = tensors
+                reused += 1
     if missing:
-        log(f"tracing {len(missing)} graphs ({len(cache)} cached) for {data_dir} ...")
-    start, failed = time.perf_counter(), 0
-    jobs = [(m.config, target, precision_aware, m.torch_version, m.params) for m in missing]
-    for i, (m, result) in enumerate(zip(missing, _map(_graph_or_error, jobs)), 1):
+        log(f"{len(missing)} graphs for {data_dir} not in its cache: {reused} from {shared}, "
+            f"{len(by_graph)} distinct steps to trace ({len(cache) - reused} cached) ...")
+    start, failed, shown_s = time.perf_counter(), 0, 0.0
+    keys = list(by_graph)
+    jobs = [(by_graph[k][0].config, target, precision_aware, by_graph[k][0].torch_version, by_graph[k][0].params)
+            for k in keys]
+    for i, (gkey, result) in enumerate(zip(keys, _map(_graph_or_error, jobs)), 1):
+        group = by_graph[gkey]
         if isinstance(result, str):  # a config that measured fine but will not trace: skip, say so
-            failed += 1
-            failures[cache_key(m)] = result[:500]
-            log(f"  skipped {m.config['spec']} ({m.config['precision']}): {result}"[:300])
+            failed += len(group)
+            for m in group:
+                failures[cache_key(m)] = result[:500]
+            log(f"  skipped {group[0].config['spec']} ({group[0].config['precision']}): {result}"[:300])
         else:
-            cache[cache_key(m)] = from_bytes(result)
-        if i % 50 == 0 or i == len(missing):
+            tensors, info = from_bytes(result)
+            for m in group:
+                cache[cache_key(m)] = tensors
+            try:  # predict (and a later evaluate of another folder) reuse it
+                atomic_torch_save({"tensors": tensors, "info": json.dumps(info)}, shared / f"{gkey}.pt")
+            except OSError:
+                pass
+        if i % 50 == 0 or i == len(keys):
             atomic_torch_save({**cache, _FAILED: failures}, path)
-            log(f"  {i}/{len(missing)} traced ({time.perf_counter() - start:.0f} s)")
+        elapsed = time.perf_counter() - start
+        if i == len(keys) or i % max(1, min(50, len(keys) // 10)) == 0 or elapsed - shown_s >= 30:
+            shown_s = elapsed
+            left = elapsed / i * (len(keys) - i)
+            log(f"  {i}/{len(keys)} traced ({elapsed:.0f} s" + (f", ~{left:.0f} s left)" if i < len(keys) else ")"))
+    if (reused or known_failures) and not keys:
+        atomic_torch_save({**cache, _FAILED: failures}, path)
     if failed:
         log(f"{failed} configurations could not be traced and are left out")
     return {m.key: cache[cache_key(m)] for m in measured if cache_key(m) in cache}
 
 
-def _graph_or_error(job) -> bytes | str:
-    """Graph tensors serialised to bytes (torch's own tensor sharing between processes passes file
-    descriptors that die with the worker), or why the config would not trace."""
+def _load_folder_cache(path: Path) -> dict:
+    if not path.exists():
+        return {}
     try:
-        return to_bytes(graph_tensors(*job))
+        return torch.load(path, weights_only=True)
+    except Exception:  # a damaged cache (a killed run mid-write cannot leave one; a copied one can)
+        return {}
+
+
+def _load_shared(path: Path, params: int | None = None) -> dict | None:
+    """A graph from predict's shared cache; None where it is missing, unreadable, or (``params`` given)
+    of a model with another parameter count than the measured one: then it is traced and checked."""
+    if not path.is_file():
+        return None
+    try:
+        entry = torch.load(path, weights_only=True)
+        tensors = entry["tensors"]
+        if params is not None and json.loads(entry["info"]).get("param_count") != params:
+            return None
+    except Exception:  # an unreadable entry is rebuilt, never trusted
+        return None
+    return tensors if all(f in tensors for f in _DATA_FIELDS) else None
+
+
+def _graph_or_error(job) -> bytes | str:
+    """(graph tensors, summary info) serialised to bytes (torch's own tensor sharing between processes
+    passes file descriptors that die with the worker), or why the config would not trace."""
+    try:
+        return to_bytes(measured_graph(*job))
     except Exception as e:
         return f"{type(e).__name__}: {e}"
 

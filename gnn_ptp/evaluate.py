@@ -19,6 +19,8 @@ from gnn_ptp.hardware import get_hardware
 from gnn_ptp.train import predict_samples
 
 SPLITS = ("test", "val", "train", "all")
+PLOT_SUFFIXES = (".png", ".pdf", ".svg")
+"""File types ``--plot`` writes (matplotlib picks the format from the suffix)."""
 BASELINE_DIR = "baselines"
 
 
@@ -27,16 +29,26 @@ def _split_of(meta: dict, family: str) -> str:
 
 
 def evaluate(checkpoint_dir: str | Path, data_dir: str | Path, split: str = "test", plot: str | None = None,
-             log=None) -> dict:
+             log=None, strict: bool = False) -> dict:
     if split not in SPLITS:
         raise UserError(f"--split {split!r}: allowed: {', '.join(SPLITS)}")
     log = log or (lambda msg: print(msg, file=sys.stderr))
     model, meta = checkpoint.load(checkpoint_dir)
-    measured = dataset.measured_configs(data_dir)
+    measured = dataset.measured_configs(data_dir, strict=strict)
     if measured[0].hardware != meta["hardware"]:
         raise UserError(f"checkpoint {checkpoint_dir} predicts {meta['hardware']!r}, "
                         f"data {data_dir} is {measured[0].hardware!r}")
-    samples = dataset.make_samples(measured, dataset.load_graphs(data_dir, measured, True, log=log))
+    data_hash = dataset.data_hash(measured)
+    # the ridge baseline fitted at training time on this very data: then only the evaluated split needs
+    # graphs (a fresh clone traces ~40 graphs instead of ~800)
+    ridge = baselines.load_ridge(checkpoint_dir, data_hash)
+    if ridge is not None:
+        wanted = [m for m in measured if split == "all" or _split_of(meta, m.family) == split]
+        if not wanted:
+            raise UserError(f"no configurations in the {split} split of {data_dir}")
+    else:
+        wanted = measured
+    samples = dataset.make_samples(wanted, dataset.load_graphs(data_dir, wanted, True, log=log))
     parts = {name: [s for s in samples if _split_of(meta, s.family) == name] for name in SPLITS[:3]}
     chosen = samples if split == "all" else parts[split]
     if not chosen:
@@ -57,14 +69,17 @@ def evaluate(checkpoint_dir: str | Path, data_dir: str | Path, split: str = "tes
     predictions = {"gnn": p["pred_ms"][:, 3]}
     hw = get_hardware(meta["hardware"])
     predictions["roofline"] = np.array([baselines.roofline_ms(s, hw)[3] for s in chosen])
-    if parts["train"] and parts["val"]:
+    if ridge is None and parts["train"] and parts["val"]:
         ridge = baselines.GraphTotalsRidge().fit(parts["train"], parts["val"])
+    if ridge is not None:
         predictions["graph_totals_ridge"] = ridge.predict_ms(chosen)[:, 3]
     unaware_dir = Path(checkpoint_dir) / BASELINE_DIR / "precision_unaware"
     if (unaware_dir / "meta.json").is_file():
         unaware_model, _ = checkpoint.load(unaware_dir)
-        unaware_graphs = dataset.load_graphs(data_dir, measured, precision_aware=False, log=log)
-        unaware = {s.key: s for s in dataset.make_samples(measured, unaware_graphs)}
+        keys = {s.key for s in chosen}
+        wanted_unaware = [m for m in measured if m.key in keys]
+        unaware_graphs = dataset.load_graphs(data_dir, wanted_unaware, precision_aware=False, log=log)
+        unaware = {s.key: s for s in dataset.make_samples(wanted_unaware, unaware_graphs)}
         keep = [i for i, s in enumerate(chosen) if s.key in unaware]
         if len(keep) == len(chosen):
             predictions["precision_unaware"] = predict_samples(unaware_model,
@@ -81,7 +96,7 @@ def evaluate(checkpoint_dir: str | Path, data_dir: str | Path, split: str = "tes
                                       "mape_ratio": scores[best_baseline] / scores["gnn"] if scores["gnn"] else None}
     result.update(checkpoint=str(checkpoint_dir), data=str(data_dir), split=split, hardware=meta["hardware"],
                   held_out_families=sorted(set(families)) if split == "test" else None,
-                  trained_on_data_hash=meta.get("data_hash"), data_hash=dataset.data_hash(measured))
+                  trained_on_data_hash=meta.get("data_hash"), data_hash=data_hash)
     if plot:
         parity_plot(p["pred_ms"][:, 3], true_ms, precisions, plot,
                     title=f"{meta['hardware']} step time, {split} split (MAPE {scores['gnn']:.1f}%)")

@@ -101,19 +101,26 @@ class Interconnect:
         return nodes
 
     def level(self, gpus: int, nodes: int | None = None) -> Fabric:
+        given = nodes
         nodes = self.nodes_for(gpus, nodes)
         fits = self.intra if nodes == 1 else self.inter
         if not fits:
-            raise UserError(f"interconnect {self.name} is one node of {self.gpus_per_node}: {gpus} GPUs on "
-                            f"{nodes} nodes need a multi-node profile (e.g. h100-ib-ndr400)")
+            asked = f"--gpus {gpus}" + (f" --nodes {given}" if given is not None else "")
+            if nodes > 1:
+                raise UserError(f"{asked}: interconnect {self.name} has no multi-node level (one node of "
+                                f"{self.gpus_per_node} ranks): allowed --gpus 1 to {self.gpus_per_node} on one "
+                                "node with it; for more give --interconnect a multi-node profile "
+                                "(e.g. h100-ib-ndr400) or a gnn-ptp calibrate-comm file")
+            raise UserError(f"{asked}: interconnect {self.name} has no single-node level; give --nodes "
+                            "or --interconnect a profile measured inside one node")
         return min(fits, key=lambda f: (abs(math.log2(f.measured_gpus) - math.log2(max(gpus, 1))),
                                         -f.measured_gpus))
 
     def allreduce(self, message_bytes: float, gpus: int, nodes: int | None = None) -> AllReduceTime:
-        nodes = self.nodes_for(gpus, nodes)
+        given, nodes = nodes, self.nodes_for(gpus, nodes)
         if gpus == 1:
             return AllReduceTime(message_bytes, 1, 1, 0.0, math.inf, math.inf, "none", "", self.name, True)
-        fabric = self.level(gpus, nodes)
+        fabric = self.level(gpus, given)
         t_us = fabric.allreduce_us(message_bytes, gpus)
         algbw = message_bytes / (t_us * 1e3) if t_us > 0 else math.inf
         algorithm = fabric.algorithm if fabric.split_bytes is None else \

@@ -22,7 +22,7 @@ import torch
 
 from gnn_ptp import graph as graph_mod
 from gnn_ptp import ops
-from gnn_ptp.errors import UserError
+from gnn_ptp.errors import UserError, closest
 from gnn_ptp.precision import PRECISION_NAMES, get_precision
 from gnn_ptp.spec import Shape, parse_spec
 from gnn_ptp.store import from_bytes, to_bytes
@@ -105,7 +105,9 @@ def default_checkpoint(hardware: str) -> Path:
     shipped = sorted(p.parent.name for c in candidates for p in c.parent.glob("*/meta.json"))
     raise UserError(f"no {hardware} checkpoint is shipped yet (looked in {candidates[-2].parent}); "
                     f"shipped: {', '.join(sorted(set(shipped))) or 'none'} -- use --hardware with one of "
-                    f"them or --checkpoint PATH")
+                    f"them or --checkpoint PATH"
+                    + (f"; did you mean {hardware.lower()!r}?" if hardware.lower() in shipped and hardware != hardware.lower()
+                       else closest(hardware, set(shipped))))
 
 
 _MODELS: dict[tuple, tuple] = {}
@@ -238,14 +240,20 @@ def _ood_warnings(u: torch.Tensor, data, meta: dict) -> list[str]:
                 continue
             value, lo, hi = float(u[0, i]), ranges["u_min"][i], ranges["u_max"][i]
             if value > hi + 1.0 or (value < lo - 1.0 and value > 0):  # log2 units: beyond 2x the range
-                notes.append(f"{name[4:]} is {2 ** value:.3g}, outside the training range "
-                             f"[{2 ** lo:.3g}, {2 ** hi:.3g}]: extrapolating")
+                # the features are log2(1 + x) (graph._log): back to x, so 512 reads 512, not 513
+                notes.append(f"{name[4:]} is {_unlog(value):.3g}, outside the training range "
+                             f"[{_unlog(lo):.3g}, {_unlog(hi):.3g}]: extrapolating")
     seen = set(ranges.get("op_ids", []))
     unseen = sorted({ops.VOCAB[i] if i else "<unseen>" for i in data["x_cat"][:, 0].tolist()} -
                     {ops.VOCAB[i] for i in seen})
     if unseen:
         notes.append(f"ops the checkpoint never saw in training: {', '.join(unseen)}")
     return notes
+
+
+def _unlog(value: float) -> float:
+    """The inverse of ``graph._log``: log2(1 + x) -> x."""
+    return max(2.0 ** value - 1.0, 0.0)
 
 
 def _top_ops(log_node_ms: torch.Tensor, data, k: int = 5) -> list[dict]:
@@ -343,9 +351,17 @@ def predict_many(spec: str, precisions: list[str], batch_size: int, seq_len: int
     if gpus > 1 and profile is None:
         raise UserError(f"--gpus {gpus}: no interconnect profile for {hw_name}; give --interconnect "
                         "(a shipped name or a file from gnn-ptp calibrate-comm)")
+    if profile is not None:
+        profile.level(gpus, nodes)  # before any tracing: a GPU count the interconnect cannot hold
     trained = trained_precisions(meta)
+    left_out_note = None
     if precisions == ["all"]:
         precisions = trained
+        left_out = [p for p in PRECISION_NAMES if p not in trained]
+        if left_out:
+            left_out_note = (f"--precision all shows the {len(trained)} classes the {hw_name} checkpoint was "
+                             f"trained on ({', '.join(trained)}); left out: {', '.join(left_out)}, which it "
+                             "never saw (name one with --precision for an extrapolation)")
     untrained = {}
     for p in precisions:
         get_precision(p)
@@ -378,6 +394,8 @@ def predict_many(spec: str, precisions: list[str], batch_size: int, seq_len: int
         one_gpu = grad_accum * (fwd + bwd) + opt
         compute = one_gpu * slowdown
         notes = ([untrained[p]] if p in untrained else []) + _ood_warnings(tensors["u"], tensors, meta)
+        if left_out_note:
+            notes.insert(0, left_out_note)
         if slowdown > 1:
             notes.append(f"{gpus // n_nodes} ranks per node share {profile.compute_slots} compute slots "
                          f"({profile.name}): compute {slowdown:.2f}x slower than one rank alone")
@@ -447,7 +465,7 @@ def format_predictions(preds: list[Prediction]) -> str:
     accum = f", {first.grad_accum} micro-steps" if first.grad_accum > 1 else ""
     lines = [f"{first.spec} on {first.gpus}x {first.hardware}{over}, {dims} per GPU{accum}, {first.optimizer} "
              f"(checkpoint {first.checkpoint})", ""]
-    head = f"{'precision':<15}{'forward':>10}{'backward':>10}{'optimizer':>10}{'compute':>10}{'comm':>8}" \
+    head = f"{'precision':<15}{'forward':>10}{'backward':>10}{'optimizer':>10}{'compute':>10}{'comm':>10}" \
            f"{'iteration':>11}{'peak mem':>10}"
     lines.append(head + ("" if first.total_s is None else f"{'job':>12}") + (
         "" if first.cost is None else f"{'cost':>10}"))
@@ -455,7 +473,7 @@ def format_predictions(preds: list[Prediction]) -> str:
     for p in preds:
         mem = "-" if not p.peak_memory_bytes else _bytes(p.peak_memory_bytes)
         row = (f"{p.precision:<15}{_ms(p.forward_ms):>10}{_ms(p.backward_ms):>10}{_ms(p.optimizer_ms):>10}"
-               f"{_ms(p.compute_ms):>10}{_ms(p.comm_exposed_ms):>8}{_ms(p.iteration_ms):>11}{mem:>10}")
+               f"{_ms(p.compute_ms):>10}{_ms(p.comm_exposed_ms):>10}{_ms(p.iteration_ms):>11}{mem:>10}")
         if p.total_s is not None:
             row += f"{_duration(p.total_s):>12}"
         if p.cost is not None:

@@ -38,36 +38,125 @@ def config_key(config: dict, hardware: str, ddp: dict | None = None) -> str:
     return hashlib.sha1(blob.encode()).hexdigest()[:16]
 
 
-def iter_records(path: str | os.PathLike, warn=None) -> Iterator[dict]:
-    """Every record under ``path`` (a .jsonl file or a folder of them). A torn final line, left by a
-    power loss mid-append, is skipped with a warning; nothing else is ever skipped silently."""
+def iter_records(path: str | os.PathLike, warn=None, strict: bool = False, check=None) -> Iterator[dict]:
+    """Every record under ``path`` (a .jsonl file or a folder of them).
+
+    A bad line (not valid JSON, not a JSON object, or, with ``check``, a record ``check`` finds a problem
+    in) is skipped, and once the files are read the skipped lines are reported in one warning: their
+    count and ``file:line: why`` for the first few. Work goes on with the good records. ``strict``
+    refuses instead: a UserError naming the count and the first bad lines, raised after the last file.
+    ``check(record) -> str | None`` returns why a record is unusable (see ``measurement_problem``)."""
     path = Path(path)
     if path.is_dir():
         files = sorted(path.glob("*.jsonl"))
     elif path.is_file():
         files = [path]
-    else:
+    elif path.exists():
         raise UserError(f"no records at {str(path)!r}: not a file or folder")
+    else:
+        raise UserError(f"no records at {str(path)!r}: no such file or folder")
+    bad: list[str] = []
     for file in files:
-        lines = file.read_text().splitlines()
-        for number, line in enumerate(lines, 1):
+        try:
+            text = file.read_text()
+        except (OSError, UnicodeDecodeError) as e:
+            bad.append(f"{file}: unreadable file ({type(e).__name__}: {e.args[-1] if e.args else e})")
+            continue
+        for number, line in enumerate(text.splitlines(), 1):
             if not line.strip():
                 continue
             try:
                 record = json.loads(line)
-            except ValueError:
-                message = f"{file}:{number}: unreadable record skipped"
-                if number != len(lines):
-                    raise UserError(f"{file}:{number} is not valid JSON (only a torn last line is "
-                                    "tolerated); fix or remove that line") from None
-                (warn or (lambda m: print(f"warning: {m}", file=sys.stderr)))(message)
+            except ValueError as e:
+                bad.append(f"{file}:{number}: not valid JSON ({e.msg})")
+                continue
+            why = "not a JSON object" if not isinstance(record, dict) else (check(record) if check else None)
+            if why:
+                bad.append(f"{file}:{number}: {why}")
                 continue
             record.setdefault("_file", file.name)
             yield record
+    if bad:
+        shown = "; ".join(bad[:3]) + (f"; ... ({len(bad) - 3} more)" if len(bad) > 3 else "")
+        if strict:
+            raise UserError(f"{len(bad)} bad record line(s) in {path} and --strict refuses them: {shown}")
+        (warn or (lambda m: print(f"warning: {m}", file=sys.stderr)))(
+            f"skipped {len(bad)} bad record line(s) in {path}: {shown}")
 
 
-def load_records(path, status: str | None = "ok") -> list[dict]:
-    return [r for r in iter_records(path) if status is None or r.get("status") == status]
+def load_records(path, status: str | None = "ok", strict: bool = False, check=None) -> list[dict]:
+    return [r for r in iter_records(path, strict=strict, check=check) if status is None or r.get("status") == status]
+
+
+_TIMING_KEYS = ("forward_ms", "backward_ms", "optimizer_ms", "step_ms")
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+
+
+def record_problem(record: dict) -> str | None:
+    """Why ``data stats`` cannot count a record (missing fields, wrong types), or None when it can: a
+    string key, a known status, config.precision, and for ``ok`` records a numeric step median."""
+    if not isinstance(record.get("key"), str):
+        return "missing or non-string field 'key'"
+    if record.get("status") not in STATUSES:
+        return f"field 'status' is {record.get('status')!r}, allowed: {', '.join(STATUSES)}"
+    config = record.get("config")
+    if not isinstance(config, dict):
+        return "missing or non-object field 'config'"
+    if not isinstance(config.get("precision"), str):
+        return f"field 'config.precision' is {config.get('precision')!r}, expected a string"
+    for name in ("env", "memory"):
+        if record.get(name) is not None and not isinstance(record[name], dict):
+            return f"field '{name}' is not an object"
+    if record.get("ddp") is not None and not (isinstance(record["ddp"], dict)
+                                               and isinstance(record["ddp"].get("world_size", 1), int)):
+        return "field 'ddp' is not an object with an integer world_size"
+    if record["status"] == "ok":
+        timing = record.get("timing")
+        if not isinstance(timing, dict):
+            return "status ok but missing or non-object field 'timing'"
+        return _phase_problem(timing, "step_ms")
+    return None
+
+
+def _phase_problem(timing: dict, name: str) -> str | None:
+    phase = timing.get(name)
+    if not isinstance(phase, dict) or not _number(phase.get("median")) or phase["median"] < 0:
+        return f"status ok but 'timing.{name}.median' is missing or not a non-negative number"
+    for q in ("p10", "p90"):
+        if q in phase and not _number(phase[q]):
+            return f"field 'timing.{name}.{q}' is {phase[q]!r}, expected a number"
+    return None
+
+
+def measurement_problem(record: dict) -> str | None:
+    """Why a record cannot be used as a measurement by ``train`` and ``evaluate`` (missing fields, wrong
+    types), or None when it can: ``record_problem``'s fields, config.spec and batch_size, env.hardware,
+    and for ``ok`` records the median of every phase's timing."""
+    why = record_problem(record)
+    if why:
+        return why
+    config = record["config"]
+    for name, kind, label in (("spec", str, "a string"), ("batch_size", int, "an integer")):
+        value = config.get(name)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            return f"field 'config.{name}' is {value!r}, expected {label}"
+    for name in ("seq_len", "image_size"):
+        value = config.get(name)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+            return f"field 'config.{name}' is {value!r}, expected an integer or null"
+    if config.get("set") is not None and not isinstance(config.get("set"), dict):
+        return f"field 'config.set' is {config.get('set')!r}, expected an object"
+    if not isinstance((record.get("env") or {}).get("hardware"), str):
+        return "missing or non-string field 'env.hardware'"
+    if record["status"] == "ok":
+        for name in _TIMING_KEYS:
+            why = _phase_problem(record["timing"], name)
+            if why:
+                return why
+    return None
 
 
 def append_record(record: dict, out_dir: str | os.PathLike, file_name: str) -> None:

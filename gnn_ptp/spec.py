@@ -28,7 +28,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from gnn_ptp.errors import UserError, closest
+from gnn_ptp.errors import UserError, closest, first_line, one_line, user_code_error
+from gnn_ptp.limits import LIMITS
 
 SOURCES = ("hf", "torchvision", "timm", "py", "random")
 HF_TASKS = ("causal-lm", "masked-lm", "seq2seq-lm", "sequence-classification", "image-classification")
@@ -75,8 +76,10 @@ class Shape:
     def __post_init__(self):
         for name in ("batch_size", "seq_len", "image_size"):
             value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value < 1):
-                raise UserError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                      or not 1 <= value <= LIMITS[name]):
+                raise UserError(f"--{name.replace('_', '-')} {value!r} is out of range: allowed an integer "
+                                f"from 1 to {LIMITS[name]}")
 
 
 @dataclass
@@ -238,24 +241,35 @@ def _hf_config(spec: ModelSpec):
     name = spec.name
     overrides = dict(spec.overrides)
     attn = overrides.pop("attn_implementation", None)
-    if name.endswith(".json") or "/" in name:
+    if name.endswith(".json") or "/" in name or Path(name).is_dir():
         path = Path(name)
-        if not path.is_file():
+        if path.is_dir():  # a model folder, as transformers saves one: its config.json
+            if not (path / "config.json").is_file():
+                raise UserError(f"folder {name!r} (from {spec.spec!r}) has no config.json; give a model "
+                                "folder holding one, or the path of a config .json file")
+            path = path / "config.json"
+        elif not path.is_file():
             raise UserError(f"config file {name!r} (from {spec.spec!r}) does not exist")
         try:
             data = json.loads(path.read_text())
-        except ValueError as e:
-            raise UserError(f"config file {name!r} is not valid JSON: {e}") from None
+        except (ValueError, UnicodeDecodeError) as e:
+            raise UserError(f"config file {str(path)!r} is not valid JSON: {e}") from None
+        if not isinstance(data, dict):
+            raise UserError(f"config file {str(path)!r} holds {type(data).__name__}, not a JSON object")
         model_type = data.pop("model_type", None)
         if model_type not in transformers.CONFIG_MAPPING:
-            raise UserError(f"config file {name!r} has model_type {model_type!r}, which this "
-                            f"transformers {transformers.__version__} does not know")
+            raise UserError(f"config file {str(path)!r} has model_type {model_type!r}, which this "
+                            f"transformers {transformers.__version__} does not know"
+                            + closest(str(model_type), transformers.CONFIG_MAPPING.keys()))
     else:
         if name not in transformers.CONFIG_MAPPING:
             raise UserError(f"unknown model {spec.spec!r}: no transformers model_type {name!r}"
                             + closest(name, transformers.CONFIG_MAPPING.keys()))
         model_type, data = name, {}
-    default = transformers.AutoConfig.for_model(model_type, **data)
+    try:
+        default = transformers.AutoConfig.for_model(model_type, **data)
+    except Exception as e:  # transformers validates field types and values as it builds the config
+        raise UserError(f"config file {name!r}: transformers refuses it: {_config_error(e)}") from None
     known = (set(default.to_dict()) | set(getattr(default, "attribute_map", {}))
              | {k for k in dir(type(default)) if isinstance(getattr(type(default), k, None), property)})
     for key in overrides:
@@ -264,16 +278,34 @@ def _hf_config(spec: ModelSpec):
                             + closest(key, known))
     # through the constructor, so that fields derived from an override follow it (Llama's head_dim
     # from hidden_size / num_attention_heads)
-    config = transformers.AutoConfig.for_model(model_type, **{**data, **_thawed(overrides)})
-    for key, value in _thawed(overrides).items():
-        if getattr(config, key, None) != value:
-            setattr(config, key, value)
+    given = " ".join(f"--set {k}={json.dumps(v) if not isinstance(v, str) else v}"
+                     for k, v in _thawed(overrides).items())
+    try:
+        config = transformers.AutoConfig.for_model(model_type, **{**data, **_thawed(overrides)})
+        for key, value in _thawed(overrides).items():
+            if getattr(config, key, None) != value:
+                setattr(config, key, value)
+    except Exception as e:  # strict dataclass validation: "Field 'n_layer' expected int, got str"
+        raise UserError(f"{given}: {default.model_type} {_config_error(e)} "
+                        f"(the config's default for it: {_default_of(default, one_line(e))})") from None
     if attn is not None:
         allowed = ("sdpa", "eager", "flash_attention_2")
         if attn not in allowed:
             raise UserError(f"--set attn_implementation={attn}: allowed: {', '.join(allowed)}")
         config._attn_implementation = attn
     return config
+
+
+def _config_error(e: Exception) -> str:
+    """transformers' config validation error on one line: "Field 'n_layer' expected int, got str"."""
+    why = one_line(e)
+    m = re.search(r"(Field '[^']+' expected [^(]+)", why)
+    return m.group(1).strip() if m else why[:300]
+
+
+def _default_of(default, why: str) -> str:
+    m = re.search(r"field '([^']+)'", why, re.IGNORECASE)
+    return repr(getattr(default, m.group(1), None)) if m else "see its documentation"
 
 
 def _hf_task(config, task: str | None) -> tuple[str, type]:
@@ -457,20 +489,85 @@ def build_py(spec: ModelSpec, shape: Shape) -> Workload:
         raise UserError(f"model file {file_name!r} (from {spec.spec!r}) does not exist")
     module_spec = importlib.util.spec_from_file_location(f"gnn_ptp_user_{path.stem}", path)
     module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
+    try:
+        module_spec.loader.exec_module(module)
+    except SyntaxError as e:
+        raise UserError(f"{file_name}:{e.lineno}: SyntaxError: {e.msg}") from None
+    except Exception as e:
+        raise user_code_error(e, path, f"importing {file_name}") from e
     factory = getattr(module, factory_name, None)
     if not callable(factory):
         names = [n for n in dir(module) if callable(getattr(module, n)) and not n.startswith("_")]
         raise UserError(f"{file_name} has no function {factory_name!r}" + closest(factory_name, names))
-    result = factory(batch_size=shape.batch_size, seq_len=shape.seq_len, image_size=shape.image_size,
-                     **dict(spec.overrides))
+    try:
+        result = factory(batch_size=shape.batch_size, seq_len=shape.seq_len, image_size=shape.image_size,
+                         **dict(spec.overrides))
+    except UserError:
+        raise
+    except TypeError as e:
+        if any(Path(f.filename).resolve() == path.resolve()
+               for f in __import__("traceback").extract_tb(e.__traceback__)[1:]):
+            raise user_code_error(e, path, f"calling {factory_name}()") from e
+        raise UserError(f"{factory_name}() in {file_name} cannot be called as factory(batch_size, seq_len, "
+                        f"image_size, **overrides) with --set {sorted(dict(spec.overrides))}: {first_line(e)}") from None
+    except Exception as e:
+        raise user_code_error(e, path, f"calling {factory_name}()") from e
     if not (isinstance(result, tuple) and len(result) in (3, 4)):
         raise UserError(f"{factory_name}() in {file_name} must return (model, inputs, targets, loss_fn)"
-                        " or (model, inputs, loss_fn)")
+                        f" or (model, inputs, loss_fn), not {_kind(result)}")
     model, inputs, targets, loss_fn = result if len(result) == 4 else (result[0], result[1], {}, result[2])
-    args, kwargs = ((), dict(inputs)) if isinstance(inputs, dict) else (tuple(inputs), {})
+    where = f"{factory_name}() in {file_name}"
+    if not isinstance(model, nn.Module):
+        raise UserError(f"{where} returned {_kind(model)} as the model; it must be a torch.nn.Module")
+    if not callable(loss_fn):
+        raise UserError(f"{where} returned {_kind(loss_fn)} as loss_fn; it must be callable "
+                        "(a function or a loss module such as torch.nn.CrossEntropyLoss())")
+    if isinstance(inputs, torch.Tensor):  # one tensor is one input, not a sequence to unpack
+        args, kwargs = (inputs,), {}
+    elif isinstance(inputs, dict):
+        args, kwargs = (), dict(inputs)
+    elif isinstance(inputs, (tuple, list)):
+        args, kwargs = tuple(inputs), {}
+    else:
+        raise UserError(f"{where} returned {_kind(inputs)} as inputs; allowed: a tensor, a tuple/list "
+                        "(model(*inputs)) or a dict (model(**inputs))")
+    if isinstance(targets, dict):
+        targets = dict(targets)
+    elif isinstance(targets, (torch.Tensor, tuple, list)) or targets is None:
+        # positional targets (loss_fn(output, y), as torch.nn losses take them): named for the tracer,
+        # handed back in order
+        values = () if targets is None else (targets,) if isinstance(targets, torch.Tensor) else tuple(targets)
+        targets = {f"target{i}": v for i, v in enumerate(values)}
+        loss_fn = _PositionalLoss(loss_fn, len(values))
+    else:
+        raise UserError(f"{where} returned {_kind(targets)} as targets; allowed: a tensor, a tuple/list of "
+                        "them (loss_fn(output, *targets)) or a dict (loss_fn(output, **targets))")
     modality = "vision" if shape.image_size and not shape.seq_len else "text"
-    return Workload(model, args, kwargs, dict(targets), loss_fn, family_of(spec), modality, shape)
+    return Workload(model, args, kwargs, targets, loss_fn, family_of(spec), modality, shape)
+
+
+def py_file(spec: ModelSpec) -> Path | None:
+    """The user's file of a ``py:<file.py>:<factory>`` spec (None for other sources)."""
+    return Path(spec.name.rpartition(":")[0]) if spec.source == "py" else None
+
+
+def _kind(value) -> str:
+    if isinstance(value, tuple):
+        return f"a tuple of {len(value)}"
+    if value is None:
+        return "None"
+    name = type(value).__name__
+    return f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
+
+
+class _PositionalLoss:
+    """``loss_fn(output, target0=a, target1=b)`` -> the user's ``loss_fn(output, a, b)``."""
+
+    def __init__(self, loss_fn, n: int):
+        self.loss_fn, self.n = loss_fn, n
+
+    def __call__(self, output, **targets):
+        return self.loss_fn(output, *(targets[f"target{i}"] for i in range(self.n)))
 
 
 def build_random(spec: ModelSpec, shape: Shape) -> Workload:

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import statistics
+import sys
 from collections import Counter, defaultdict
 
-from gnn_ptp.records import iter_records
+from gnn_ptp.errors import UserError
+from gnn_ptp.records import iter_records, record_problem
 
 
 def noise(record: dict) -> float | None:
     """Run-to-run spread of one record's step time: (p90 - p10) / median."""
     step = (record.get("timing") or {}).get("step_ms")
-    if not step or not step.get("median"):
+    if not step or not step.get("median") or not all(isinstance(step.get(q), (int, float)) for q in ("p10", "p90")):
         return None
     return (step["p90"] - step["p10"]) / step["median"]
 
@@ -21,13 +23,20 @@ def _quantile(values: list[float], q: float) -> float:
     return values[min(int(q * len(values)), len(values) - 1)]
 
 
-def dataset_stats(path, min_step_ms: float = 10.0) -> dict:
-    rows = list(iter_records(path))
+def dataset_stats(path, min_step_ms: float = 10.0, strict: bool = False) -> dict:
+    skipped: list[str] = []
+    rows = list(iter_records(path, warn=skipped.append, strict=strict, check=record_problem))
+    if not rows:
+        raise UserError(f"no records in {str(path)!r}: " + (skipped[0] if skipped else
+                        "it holds no *.jsonl record (a dataset folder holds <grid>.jsonl files written by "
+                        "gnn-ptp collect)"))
+    for message in skipped:
+        print(f"warning: {message}", file=sys.stderr)
     by = {name: Counter() for name in ("hardware", "family", "precision", "status", "world_size")}
     noises, long_noises = [], []
     groups: dict[str, list[float]] = defaultdict(list)
     for r in rows:
-        by["hardware"][r.get("env", {}).get("hardware", "?")] += 1
+        by["hardware"][(r.get("env") or {}).get("hardware", "?")] += 1
         by["family"][r.get("family") or "?"] += 1
         by["precision"][r["config"]["precision"]] += 1
         by["status"][r.get("status", "?")] += 1

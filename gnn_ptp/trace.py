@@ -17,6 +17,7 @@ import dataclasses
 import functools
 import time
 import weakref
+from pathlib import Path
 from dataclasses import dataclass
 
 import torch
@@ -24,9 +25,9 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from gnn_ptp import cuda_dispatch, ops, replicate
-from gnn_ptp.errors import UserError, closest
+from gnn_ptp.errors import UserError, closest, first_line, user_code_error
 from gnn_ptp.precision import get_precision
-from gnn_ptp.spec import ModelSpec, Shape, build
+from gnn_ptp.spec import ModelSpec, Shape, build, py_file
 
 OPTIMIZERS = ("adamw", "adam", "sgd")
 TARGETS = ("cuda", "cpu")
@@ -334,6 +335,38 @@ def trace_step(config: StepConfig) -> TracedStep:
 
 @functools.lru_cache(maxsize=32)
 def _trace_cached(config: StepConfig) -> TracedStep:
+    try:
+        return _trace_uncached(config)
+    except UserError:
+        raise
+    except Exception as e:
+        cause = e.__cause__ if isinstance(e, TraceError) and e.__cause__ is not None else e
+        error = _settings_error(config, cause)
+        if error is None:
+            raise
+        raise error from e
+
+
+def _settings_error(config: StepConfig, e: BaseException) -> UserError | None:
+    """A built-in model (hf, torchvision, timm, random) that fails to build or trace under settings the
+    user chose (``--set`` values, a sequence length, an image size, batch 1) fails because of them:
+    ``--set n_head=5`` on a 768-wide GPT-2, a 100-pixel image for 16-pixel ViT patches. Named as the
+    user's error, with what they gave. None when nothing was chosen (then it is ours) or when the model
+    is valid PyTorch the tracer cannot follow."""
+    if config.spec.source == "py" or _beyond_tracing(e):
+        return None
+    shape = config.shape
+    chosen = [f"{k}={v}" for k, v in config.spec.overrides]
+    chosen += [f"--seq-len {shape.seq_len}"] if shape.seq_len is not None else []
+    chosen += [f"--image-size {shape.image_size}"] if shape.image_size is not None else []
+    chosen += ["--batch-size 1"] if shape.batch_size == 1 else []
+    if not chosen:
+        return None
+    return UserError(f"{config.spec.spec} does not build or run with {', '.join(chosen)}: {type(e).__name__}: "
+                     f"{' '.join(first_line(e).split())} (change those values; --debug shows the traceback)")
+
+
+def _trace_uncached(config: StepConfig) -> TracedStep:
     start = time.perf_counter()
     precision = get_precision(config.precision)
     workload = build(config.spec, config.shape, "meta", precision.param_dtype)
@@ -429,6 +462,13 @@ def _record(config: StepConfig, workload, stack: str | None = None) -> torch.fx.
     except UserError:
         raise
     except Exception as e:
+        user_file = py_file(config.spec)
+        if user_file is not None and not _beyond_tracing(e):  # the user's model or inputs (a shape
+            # mismatch...): their error, located in their file
+            doing = f"tracing the training step ({config.precision})"
+            if not _raised_in(e, user_file):
+                doing += f" of the model {config.spec.name.rpartition(':')[2]}() returned"
+            raise user_code_error(e, user_file, doing) from e
         raise TraceError(f"could not trace a training step of {config.spec} "
                          f"({config.precision}): {type(e).__name__}: {e}") from e
     finally:
@@ -439,6 +479,23 @@ def _record(config: StepConfig, workload, stack: str | None = None) -> torch.fx.
     _annotate_phases(graph, marks)
     _drop_unused_constants(graph)
     return graph
+
+
+def _beyond_tracing(e: BaseException) -> bool:
+    """Valid PyTorch that a trace on fake tensors cannot follow (a Python branch on a tensor's value, an
+    op without a fake kernel): a limit of the tracer (TraceError), not a mistake in the user's code."""
+    from torch._subclasses import fake_tensor
+
+    kinds = tuple(getattr(fake_tensor, n) for n in ("DataDependentOutputException", "DynamicOutputShapeException",
+                                                     "UnsupportedOperatorException") if hasattr(fake_tensor, n))
+    return isinstance(e, kinds) or "data-dependent" in str(e).lower() or "DataDependent" in type(e).__name__
+
+
+def _raised_in(e: BaseException, file: Path) -> bool:
+    import traceback
+
+    target = Path(file).resolve()
+    return any(Path(f.filename).resolve() == target for f in traceback.extract_tb(e.__traceback__))
 
 
 class TraceError(RuntimeError):

@@ -161,8 +161,8 @@ def train_ranges(samples: list) -> dict:
             "nodes_min": min(nodes), "nodes_max": max(nodes)}
 
 
-def prepare(data_dir, cfg: TrainConfig, log):
-    measured = dataset.measured_configs(data_dir)
+def prepare(data_dir, cfg: TrainConfig, log, strict: bool = False):
+    measured = dataset.measured_configs(data_dir, strict=strict)
     graphs = dataset.load_graphs(data_dir, measured, cfg.model.precision_aware, log=log)
     samples = dataset.make_samples(measured, graphs)
     if not samples:
@@ -175,7 +175,7 @@ def prepare(data_dir, cfg: TrainConfig, log):
 
 
 def train(cfg: TrainConfig, data_dir: str | Path, out: str | Path | None, logger=None, log=None,
-          on_epoch=None, prepared=None) -> dict:
+          on_epoch=None, prepared=None, strict: bool = False) -> dict:
     """Train; save a checkpoint to ``out`` (if given). ``on_epoch(epoch, val_mape)`` may raise to stop
     (Optuna pruning). ``prepared`` is ``prepare(...)``'s result, for callers that train many times on
     the same data (sweeps). Returns the run's summary (metrics, split, paths)."""
@@ -185,7 +185,7 @@ def train(cfg: TrainConfig, data_dir: str | Path, out: str | Path | None, logger
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     seed_everything(cfg.seed)
-    measured, samples, split, parts = prepared or prepare(data_dir, cfg, log)
+    measured, samples, split, parts = prepared or prepare(data_dir, cfg, log, strict)
     if not parts["train"] or not parts["val"]:
         raise UserError(f"need train and validation families; split: {split}")
     hardware = measured[0].hardware
@@ -274,6 +274,10 @@ def train(cfg: TrainConfig, data_dir: str | Path, out: str | Path | None, logger
             **summary,
         }
         summary["checkpoint"] = str(checkpoint.save(model, meta, out))
+        if cfg.model.precision_aware:  # the ridge baseline of `evaluate`, fitted once here on these graphs
+            from gnn_ptp.baselines import GraphTotalsRidge, save_ridge
+
+            save_ridge(GraphTotalsRidge().fit(parts["train"], parts["val"]), summary["data_hash"], out)
         log(f"checkpoint written to {out}")
     summary["model"] = model
     return summary

@@ -18,6 +18,8 @@ from gnn_ptp.spec import ModelSpec, Shape, parse_spec
 from gnn_ptp.trace import StepConfig, trace_step
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# the per-graph cache predict, train and evaluate share: one fresh folder per test session, never ~/.cache
+os.environ.setdefault("GNN_PTP_CACHE", __import__("tempfile").mkdtemp(prefix="gnn-ptp-test-cache-"))
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 TESTS = Path(__file__).resolve().parent

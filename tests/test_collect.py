@@ -269,13 +269,6 @@ def test_torn_line_warning_goes_to_stderr_by_default(tmp_path, capsys):
     assert "warning:" in capsys.readouterr().err
 
 
-def test_corrupt_middle_line_raises(tmp_path):
-    path = tmp_path / "x.jsonl"
-    path.write_text('{"key": "a"}\nnot json\n{"key": "c"}\n')
-    with pytest.raises(UserError, match="x.jsonl:2"):
-        list(records.iter_records(path))
-
-
 def test_blank_lines_and_missing_path(tmp_path):
     path = tmp_path / "x.jsonl"
     path.write_text('{"key": "a"}\n\n{"key": "b"}\n')

@@ -171,3 +171,31 @@ def test_cli_evaluate_missing_checkpoint_is_one_line(trained, tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2 and err.startswith("gnn-ptp evaluate: error: no checkpoint at")
     assert len(err.strip().splitlines()) == 1
+
+
+def test_stored_ridge_gives_the_same_report_from_the_split_alone(trained, tmp_path, monkeypatch):
+    """train stores the ridge baseline (fitted on its train/val families) in baselines/: evaluate then
+    builds graphs of the evaluated split only, and reports exactly what a fit on all graphs reports."""
+    import synthetic_data
+
+    data, ckpt, _ = trained
+    assert (ckpt / "baselines" / "graph_totals_ridge.json").is_file()
+    asked = []
+
+    def spy(data_dir, measured, precision_aware=True, log=None):
+        asked.append(len(measured))
+        return synthetic_data.load_synthetic_graphs(data_dir, measured, precision_aware, log)
+
+    monkeypatch.setattr(dataset, "load_graphs", spy)
+    with_stored = evaluate(ckpt, data, log=lambda m: None)
+    n_all = len(dataset.measured_configs(data))
+    assert asked and max(asked) == with_stored["overall"]["n"] < n_all
+    refit = tmp_path / "refit"
+    shutil.copytree(ckpt, refit)
+    (refit / "baselines" / "graph_totals_ridge.json").unlink()
+    asked.clear()
+    without = evaluate(refit, data, log=lambda m: None)
+    assert max(asked) == n_all
+    for name in ("graph_totals_ridge", "roofline", "precision_unaware"):
+        assert with_stored["baselines"][name]["overall"] == pytest.approx(without["baselines"][name]["overall"])
+    assert with_stored["overall"] == without["overall"]

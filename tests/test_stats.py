@@ -109,7 +109,7 @@ def test_cli_data_stats(synthetic_dir, capsys):
 def test_cli_data_stats_errors(tmp_path, capsys):
     assert cli.main(["data", "stats", str(tmp_path / "missing")]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("gnn-ptp data: error:") and "missing" in err and len(err.splitlines()) == 1
+    assert err.startswith("gnn-ptp data stats: error:") and "missing" in err and len(err.splitlines()) == 1
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"key": 1}\nnot json\n{"key": 2}\n')
     assert cli.main(["data", "stats", str(bad)]) == 2

@@ -1,0 +1,61 @@
+"""``train``/``evaluate`` and ``predict`` share one per-graph cache (keyed by step config, feature version
+and library versions), and a dataset traces each distinct step once. SYNTHETIC records (made-up times)
+of tiny real models: the graphs are real traces."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gnn_ptp import dataset, prediction, records
+
+MLP = {"spec": "random:mlp:3", "set": {"in_features": 16, "width": 32, "depth": 2, "num_classes": 4},
+       "task": None, "batch_size": 4, "seq_len": None, "image_size": None, "optimizer": "adamw"}
+
+
+def _write(folder, precisions=("fp32", "amp-bf16", "bf16")):
+    for precision in precisions:
+        config = {**MLP, "precision": precision}
+        records.append_record({
+            "key": records.config_key(config, "cpu"), "status": "ok", "config": config, "family": "random-mlp",
+            "env": {"hardware": "cpu"}, "synthetic": True,
+            "timing": {k: {"median": 1.0, "p10": 0.9, "p90": 1.1, "n": 3}
+                       for k in ("forward_ms", "backward_ms", "optimizer_ms", "step_ms")}}, folder, "x.jsonl")
+    return folder
+
+
+def test_one_trace_per_distinct_step_and_reuse_across_folders(tmp_path, monkeypatch):
+    monkeypatch.setenv("GNN_PTP_CACHE", str(tmp_path / "cache"))
+    first = _write(tmp_path / "a-cpu")
+    measured = dataset.measured_configs(first)
+    logs = []
+    aware = dataset.load_graphs(first, measured, True, log=logs.append)
+    assert len(aware) == 3 and "3 distinct steps to trace" in logs[0] and "~" not in logs[-1]
+    # precision-unaware graphs are the fp32 graph of each config: one step, already in the shared cache
+    logs.clear()
+    unaware = dataset.load_graphs(first, measured, False, log=logs.append)
+    assert "3 from" in logs[0] and "0 distinct steps to trace" in logs[0]
+    fp32_key = next(m.key for m in measured if m.config["precision"] == "fp32")
+    for key in unaware:
+        assert all((unaware[key][f] == aware[fp32_key][f]).all() for f in ("x", "x_cat", "edge_index"))
+    # another folder holding the same configurations traces nothing
+    second = _write(tmp_path / "b-cpu")
+    logs.clear()
+    again = dataset.load_graphs(second, dataset.measured_configs(second), True, log=logs.append)
+    assert "3 from" in logs[0] and "0 distinct steps" in logs[0]
+    assert all((again[k]["x"] == aware[k]["x"]).all() for k in aware)
+    # and the folder's own cache answers a second run without even the shared one
+    logs.clear()
+    dataset.load_graphs(second, dataset.measured_configs(second), True, log=logs.append)
+    assert logs == []
+
+
+def test_predict_reads_what_a_dataset_traced(tmp_path, monkeypatch):
+    monkeypatch.setenv("GNN_PTP_CACHE", str(tmp_path / "cache"))
+    folder = _write(tmp_path / "c-cpu", precisions=("fp32",))
+    dataset.load_graphs(folder, dataset.measured_configs(folder), True, log=lambda m: None)
+    monkeypatch.setattr(prediction, "_trace_groups", lambda groups: groups and pytest.fail("traced again"))
+    config = dataset.step_config_of({**MLP, "precision": "fp32"}, "cpu")
+    (tensors, info), = prediction._graphs([config])
+    assert tensors["x"].shape[0] > 0 and json.dumps(info)
