@@ -260,7 +260,7 @@ class _Liveness:
         for index, node in enumerate(self.nodes):
             if node.op == "placeholder":
                 m = node.meta.get("val")
-                if m is not None:
+                if m is not None and (node.users or not node.target.startswith("scaler_")):  # no GradScaler
                     kind = _PLACEHOLDER_KIND.get(node.target.split("_")[0], "inputs")
                     self.outs[node] = [(_key(m), (self._new(storage_bytes(m), kind, -1, outlives=True),))]
                 continue
@@ -385,7 +385,8 @@ class _Liveness:
 
     def _placeholder_bytes(self, group: str) -> int:
         return sum(storage_bytes(n.meta["val"]) for n in self.nodes
-                   if n.op == "placeholder" and n.target.startswith(group + "_") and "val" in n.meta)
+                   if n.op == "placeholder" and n.target.startswith(group + "_") and "val" in n.meta
+                   and (n.users or group != "scaler"))
 
 
 # --- measured labels on a CPU ----------------------------------------------------------------------
