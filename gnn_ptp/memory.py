@@ -165,6 +165,7 @@ class _Liveness:
         self.outlives: list[bool] = []   # alive until the step ends (persistent, gradient, held)
         self.outs: dict[torch.fx.Node, list[tuple[tuple, tuple[int, ...]]]] = {}
         self.pending: dict[object, list[int]] = {}  # loop locals waiting for their replacement
+        self.schemas: dict[object, tuple] = {}       # op -> (arguments, by name, returns)
 
     # -- pass 1 ------------------------------------------------------------------------------------
 
@@ -209,21 +210,22 @@ class _Liveness:
     def _arg_values(self, node):
         """(schema argument, fx value, traced input value) for each argument of ``node``."""
         args_in, kwargs_in = node.meta.get("in", ((), {}))
-        schema = getattr(node.target, "_schema", None)
-        names = [a.name for a in schema.arguments] if schema is not None else []
-        out = []
-        for i, a in enumerate(node.args):
-            out.append((schema.arguments[i] if i < len(names) else None, a,
-                        args_in[i] if i < len(args_in) else None))
+        schema = self.schemas.get(node.target)
+        if schema is None:
+            found = getattr(node.target, "_schema", None)
+            arguments = list(found.arguments) if found is not None else []
+            schema = self.schemas[node.target] = (arguments, {a.name: a for a in arguments},
+                                                  list(found.returns) if found is not None else [])
+        arguments, by_name, _ = schema
+        out = [(arguments[i] if i < len(arguments) else None, a, args_in[i] if i < len(args_in) else None)
+               for i, a in enumerate(node.args)]
         for k, a in node.kwargs.items():
-            out.append((schema.arguments[names.index(k)] if k in names else None, a, kwargs_in.get(k)))
+            out.append((by_name.get(k), a, kwargs_in.get(k)))
         return out
 
-    def _outputs(self, index: int, node) -> None:
+    def _outputs(self, index: int, node, arguments) -> None:
         """Which storages ``node``'s outputs are: new ones, or those of the inputs they alias."""
         metas = _metas(node.meta.get("val"))
-        schema = getattr(node.target, "_schema", None)
-        arguments = self._arg_values(node)
         by_set = {}
         written = []
         for schema_arg, value, seen in arguments:
@@ -233,7 +235,7 @@ class _Liveness:
                     by_set.setdefault(s, (value, seen))
                 if info.is_write:
                     written += self._reads(value, seen)
-        returns = list(schema.returns) if schema is not None else []
+        returns = self.schemas[node.target][2]
         result = []
         if not returns and written and len(written) == len(metas):  # in-place foreach: what it wrote
             result = [(_key(m), sids) for m, sids in zip(metas, written)]
@@ -269,7 +271,8 @@ class _Liveness:
             phase = node.meta.get("phase", "forward")
             if phase == "optimizer" and optimizer_start is None:
                 optimizer_start = index
-            for _, value, seen in self._arg_values(node):
+            arguments = self._arg_values(node)
+            for _, value, seen in arguments:
                 for sids in self._reads(value, seen):
                     for s in sids:
                         self.last[s] = index
@@ -279,9 +282,9 @@ class _Liveness:
                             self.kind[s] = "gradients"
             if phase == "optimizer" and node.target in self.pending:
                 self._replace_locals(index, node)
-            self._outputs(index, node)
+            self._outputs(index, node, arguments)
             if phase == "optimizer":
-                self._loop_locals(index, node)
+                self._loop_locals(index, node, arguments)
             for m in node.meta.get("held", ()):
                 for s in self._resolve(node, m):
                     self.outlives[s] = True
@@ -289,7 +292,7 @@ class _Liveness:
             for s in waiting:
                 self.last[s] = len(self.nodes) - 1
 
-    def _loop_locals(self, index: int, node) -> None:
+    def _loop_locals(self, index: int, node, arguments) -> None:
         """A per-parameter optimizer (``torch.optim``'s single-tensor loop, as on a CPU) binds its last
         temporary to a local (AdamW's ``denom``, read by the in-place update of the parameter): it is
         freed only when the next parameter's replaces it, after that one is allocated."""
@@ -298,7 +301,7 @@ class _Liveness:
         written = {s for key, sids in self.outs[node] for s in sids}
         if not written or not all(self.first[s] < 0 for s in written):
             return  # not an in-place update of a parameter or optimizer state
-        for _, value, seen in self._arg_values(node):
+        for _, value, seen in arguments:
             for sids in self._reads(value, seen):
                 for s in sids:
                     if self.first[s] >= 0 and not self.outlives[s] and s not in written:
@@ -316,9 +319,13 @@ class _Liveness:
         """cuBLAS workspaces: one per thread that runs a matmul (see CUBLAS_WORKSPACE_BYTES)."""
         if self.target != "cuda":
             return 0
-        threads = set()
+        threads, is_matmul = set(), {}
         for node in self.nodes:
-            if node.op == "call_function" and ops.category(ops.canonical(node.target)) == "matmul":
+            if node.op != "call_function":
+                continue
+            if node.target not in is_matmul:
+                is_matmul[node.target] = ops.category(ops.canonical(node.target)) == "matmul"
+            if is_matmul[node.target]:
                 threads.add("backward" if node.meta.get("phase") == "backward" else "python")
         return len(threads) * CUBLAS_WORKSPACE_BYTES
 
@@ -487,3 +494,67 @@ def measure_cpu_peak(config, warmup_steps: int = 1) -> dict:
     del held
     profiled = profiler_peak_bytes(prof)
     return {"peak_bytes": resident + profiled, "resident_bytes": resident, "profiled_peak_bytes": profiled}
+
+
+# --- the largest batch that fits -------------------------------------------------------------------
+
+
+def largest_batch(estimate_at, capacity_bytes: float, limit: int = 1 << 20) -> tuple[int, MemoryEstimate, int]:
+    """The largest batch size whose step fits in ``capacity_bytes`` (``MemoryEstimate.fits``), searched
+    with ``estimate_at(batch) -> MemoryEstimate``. Returns (batch, its estimate, estimates made); batch
+    0 (with batch 1's estimate) when not even one sample fits, ``limit`` at most.
+
+    Memory grows nearly linearly with the batch, so each probe is the batch the line through the two
+    nearest probes predicts to fill the memory, then its neighbour to confirm the edge (batch 1, 2, the
+    guess, the guess + 1 is the usual path); a guess outside the bracket falls back to doubling (no
+    upper bound yet) or bisection. The answer is always checked: b fits and b + 1 does not."""
+    probes: dict[int, MemoryEstimate] = {}
+
+    def fits(b: int) -> bool:
+        if b not in probes:
+            probes[b] = estimate_at(b)
+        return probes[b].fits(capacity_bytes)
+
+    if not fits(1):
+        return 0, probes[1], len(probes)
+    lo, hi = 1, None  # lo fits; hi (when known) does not
+    candidate, bracketed = 2, 0
+    while hi is None or hi - lo > 1:
+        b = candidate
+        if hi is not None:
+            bracketed += 1
+            if bracketed % 3 == 0:  # interpolation can creep from one side: bisect every third probe
+                b = (lo + hi) // 2
+        if fits(b):
+            lo = b
+            if lo >= limit:
+                break
+        else:
+            hi = b
+        guess = _guess(probes, lo, hi, capacity_bytes)
+        candidate = min(max(guess, lo + 1), limit) if hi is None else min(max(guess, lo + 1), hi - 1)
+    return lo, probes[lo], len(probes)
+
+
+def _guess(probes: dict, lo: int, hi: int | None, capacity: float) -> int:
+    """The batch where the memory reaches ``capacity`` on the lines through two probes (the two largest
+    that fit while there is no upper bound, then the bracket ``lo``, ``hi``): one line per phase, since
+    the peak is the largest of three nearly linear phase peaks and can move from one phase to another
+    (a big model's optimizer step at batch 1, its backward pass at batch 3)."""
+    if hi is None:
+        fitting = sorted(b for b in probes if b <= lo)
+        if len(fitting) < 2:
+            return 2 * lo
+        a, b = fitting[-2], fitting[-1]
+    else:
+        a, b = lo, hi
+    ea, eb = probes[a], probes[b]
+    overhead = eb.device_bytes - eb.peak_bytes  # segments and context beyond the allocated bytes
+    guesses = []
+    for phase, pb in eb.peak_by_phase.items():
+        pa = ea.peak_by_phase.get(phase, 0)
+        if pb > pa:
+            guesses.append(int(a + (capacity - overhead - pa) * (b - a) // (pb - pa)))
+    if not guesses:
+        return 2 * lo if hi is None else (lo + hi) // 2
+    return min(guesses)
