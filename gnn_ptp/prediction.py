@@ -398,10 +398,10 @@ def predict_many(spec: str, precisions: list[str], batch_size: int, seq_len: int
         ddp, comm_notes = _allreduce(profile, dp, tensors, log_node_ms, bwd, param_bytes, slowdown)
         comm = ddp.exposed_ms if ddp is not None else 0.0
         notes += comm_notes
-        estimate = info["memory"]  # analytic, from the trace (the GNN's memory head is not used)
-        mem = float(estimate["peak_bytes"])
+        estimate = info.get("memory") or {}  # analytic, from the trace (the GNN's memory head is not used)
+        mem = float(estimate["peak_bytes"]) if estimate else None
         capacity = HARDWARE[hw_name].memory_bytes if hw_name in HARDWARE else None
-        fits = None if capacity is None else estimate["device_bytes"] <= capacity
+        fits = None if capacity is None or not estimate else estimate["device_bytes"] <= capacity
         if fits is False:
             notes.append(f"peak memory {_bytes(estimate['device_bytes'])} (allocator segments + context) exceeds "
                          f"the {capacity / 1e9:.0f} GB of one {hw_name}: this configuration will run out of "
