@@ -502,11 +502,16 @@ def add_predict_parser(sub) -> None:
     p.add_argument("--dataset-size", type=_positive_int, help="samples per epoch")
     p.add_argument("--gpu-hour-cost", type=_positive_float, help="price of one GPU-hour: prints the cost")
     p.add_argument("--no-cache", action="store_true", help="do not read or write the on-disk graph cache")
+    p.add_argument("--max-batch-size", action="store_true",
+                   help="find the largest batch that fits in one device's memory, per precision class "
+                        "(analytic memory from the trace), with its step time and throughput")
     p.add_argument("--json", action="store_true")
     p.set_defaults(run=run_predict)
 
 
 def run_predict(args) -> int:
+    if args.max_batch_size:
+        return run_max_batch_size(args)
     from gnn_ptp.prediction import format_predictions, predict_many
 
     precisions = [args.precision]  # "all": every class the checkpoint was trained on
@@ -527,6 +532,19 @@ def run_predict(args) -> int:
             print(json.dumps(rows[0], indent=2))
     else:
         print(format_predictions(preds))
+    return 0
+
+
+def run_max_batch_size(args) -> int:
+    from gnn_ptp.prediction import format_max_batch, max_batch_sizes
+
+    fits, notes = max_batch_sizes(args.spec, [args.precision], seq_len=args.seq_len, image_size=args.image_size,
+                                  hardware=args.hardware, checkpoint=args.checkpoint, optimizer=args.optimizer,
+                                  overrides=args.overrides, task=args.task, use_disk_cache=not args.no_cache)
+    if args.json:
+        print(json.dumps({"fits": [f.to_dict() for f in fits], "notes": notes}, indent=2))
+    else:
+        print(format_max_batch(args.spec, fits, notes, args.hardware))
     return 0
 
 

@@ -29,6 +29,8 @@ from gnn_ptp.store import from_bytes, to_bytes
 from gnn_ptp.trace import StepConfig
 
 _DATA_FIELDS = ("x", "x_cat", "edge_index", "edge_attr", "u", "phase", "grad_bytes")
+MEMORY_VERSION = 1
+"""Bump when gnn_ptp/memory.py changes what it counts: cached graphs carry its estimate."""
 
 
 @dataclass
@@ -72,7 +74,13 @@ class Prediction:
     compute_slowdown: float = 1.0
     """> 1 where ranks share a node's compute (a CPU with more ranks than cores)."""
     peak_memory_bytes: float | None = None
+    """Peak allocated bytes of the step, from the traced graph (gnn_ptp/memory.py): what
+    ``torch.cuda.max_memory_allocated`` reports on a GPU, live tensor bytes on a CPU."""
     fits_in_memory: bool | None = None
+    """The allocator's segments + the CUDA context fit in the hardware's memory."""
+    memory: dict = field(default_factory=dict)
+    """The whole memory estimate: floor (weights + gradients + optimizer state), peak per phase, what is
+    live at the peak, reserved and device bytes (``memory.MemoryEstimate.to_dict()``)."""
     params: int = 0
     flops: float = 0.0
     steps: int | None = None
@@ -136,18 +144,20 @@ def _graph_key(config: StepConfig) -> str:
     payload = {"spec": config.spec.to_dict(), "shape": dataclasses.asdict(config.shape),
                "precision": config.precision, "optimizer": config.optimizer, "target": config.target,
                "kernels": config.kernels,
-               "feature_version": graph_mod.FEATURE_VERSION, "torch": torch.__version__,
+               "feature_version": graph_mod.FEATURE_VERSION, "memory_version": MEMORY_VERSION,
+               "torch": torch.__version__,
                "transformers": transformers.__version__}
     return hashlib.sha1(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
 
 def _build_graph(config: StepConfig) -> tuple[dict, dict]:
+    from gnn_ptp import memory
     from gnn_ptp.trace import trace_step
 
     traced = trace_step(config)
     tensors, summary = graph_mod.to_tensors(traced)
     info = {"summary": dataclasses.asdict(summary), "family": traced.family, "param_count": traced.param_count,
-            "shape": dataclasses.asdict(traced.shape)}
+            "shape": dataclasses.asdict(traced.shape), "memory": memory.estimate(traced).to_dict()}
     return {k: tensors[k] for k in _DATA_FIELDS}, info
 
 
@@ -407,18 +417,20 @@ def predict_many(spec: str, precisions: list[str], batch_size: int, seq_len: int
         ddp, comm_notes = _allreduce(profile, dp, tensors, log_node_ms, bwd, param_bytes, slowdown)
         comm = ddp.exposed_ms if ddp is not None else 0.0
         notes += comm_notes
-        mem = float(out["log_memory"][i].exp())
+        estimate = info.get("memory") or {}  # analytic, from the trace (the GNN's memory head is not used)
+        mem = float(estimate["peak_bytes"]) if estimate else None
         capacity = HARDWARE[hw_name].memory_bytes if hw_name in HARDWARE else None
-        fits = None if capacity is None else mem <= capacity
+        fits = None if capacity is None or not estimate else estimate["device_bytes"] <= capacity
         if fits is False:
-            notes.append(f"predicted peak memory {mem / 1e9:.1f} GB exceeds the {capacity / 1e9:.0f} GB of "
-                         f"one {hw_name}: this configuration will likely run out of memory")
+            notes.append(f"peak memory {_bytes(estimate['device_bytes'])} (allocator segments + context) exceeds "
+                         f"the {capacity / 1e9:.0f} GB of one {hw_name}: this configuration will run out of "
+                         f"memory (--max-batch-size finds the largest batch that fits)")
         iteration = compute + comm
         pred = Prediction(
             spec=spec, precision=p, batch_size=batch_size, seq_len=info["shape"]["seq_len"],
             image_size=info["shape"]["image_size"], optimizer=optimizer, gpus=gpus, hardware=hw_name,
             forward_ms=fwd, backward_ms=bwd, optimizer_ms=opt, compute_ms=compute, comm_exposed_ms=comm,
-            iteration_ms=iteration, peak_memory_bytes=mem, fits_in_memory=fits,
+            iteration_ms=iteration, peak_memory_bytes=mem, fits_in_memory=fits, memory=estimate,
             params=info["param_count"], flops=sum(info["summary"]["flops_by_phase"].values()),
             overrides=dict(parsed.overrides), checkpoint=str(ckpt_path), warnings=notes, nodes=n_nodes,
             interconnect=profile.name if profile is not None else "", grad_accum=grad_accum,
@@ -445,6 +457,135 @@ def predict(spec: str, precision: str = "amp-bf16", batch_size: int = 8, **kwarg
     if precision == "all":
         return predict_many(spec, ["all"], batch_size, **kwargs)
     return predict_many(spec, [precision], batch_size, **kwargs)[0]
+
+
+@dataclass
+class BatchFit:
+    """The largest batch of one precision class that fits in one device's memory (``--max-batch-size``)."""
+
+    precision: str
+    max_batch_size: int
+    """Largest batch whose step fits (0: not even one sample)."""
+    capacity_bytes: float
+    memory: dict
+    """The memory estimate at ``max_batch_size`` (at batch 1 when nothing fits)."""
+    probes: int = 0
+    """Batch sizes traced to find it."""
+    prediction: Prediction | None = None
+    """The predicted step at ``max_batch_size``; None when nothing fits or no checkpoint exists."""
+    throughput_per_s: float | None = None
+    throughput_unit: str = ""
+    """tokens (text models: batch x seq_len) or samples."""
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def max_batch_sizes(spec: str, precisions: list[str], seq_len: int | None = None, image_size: int | None = None,
+                    hardware: str = "h100", checkpoint: str | Path | None = None, optimizer: str = "adamw",
+                    overrides=None, task: str | None = None, use_disk_cache: bool = True,
+                    limit: int = 1 << 20) -> tuple[list[BatchFit], list[str]]:
+    """For each precision class, the largest batch whose training step fits in one device (analytic
+    memory from the trace, gnn_ptp/memory.py: no checkpoint needed), and its predicted step time and
+    throughput where a checkpoint exists. Returns the fits and notes for the user."""
+    from gnn_ptp.hardware import get_hardware
+    from gnn_ptp.precision import CPU_PRECISIONS
+
+    notes: list[str] = []
+    ckpt_path = None
+    if checkpoint:
+        ckpt_path = Path(checkpoint)
+    else:
+        try:
+            ckpt_path = default_checkpoint(hardware)
+        except UserError as e:
+            notes.append(f"step time not predicted: {e}")
+    meta = _load_checkpoint(ckpt_path)[1] if ckpt_path is not None else {}
+    hw = get_hardware(meta.get("hardware", hardware))
+    target = meta.get("trace_target", "cpu" if hw.name == "cpu" else "cuda")
+    if precisions == ["all"]:
+        precisions = trained_precisions(meta) if meta else list(
+            CPU_PRECISIONS if hw.name == "cpu" else PRECISION_NAMES)
+    parsed = parse_spec(spec, overrides, task)
+    for p in precisions:
+        get_precision(p)
+    same = {p: {"tf32": "fp32", "torch-default": "fp32"}.get(p, p) for p in precisions}  # one trace each
+    searches = [(StepConfig(parsed, Shape(1, seq_len, image_size), q, optimizer, target), hw.memory_bytes, limit)
+                for q in dict.fromkeys(same.values())]
+    found = dict(zip(dict.fromkeys(same.values()), _in_workers(_largest_batch, searches)))
+    fits = []
+    for p in precisions:
+        batch, est, probes = found[same[p]]
+        fits.append(BatchFit(p, batch, hw.memory_bytes, est.to_dict(), probes))
+    if ckpt_path is not None:
+        by_batch: dict[int, list[BatchFit]] = {}
+        for f in fits:
+            if f.max_batch_size:
+                by_batch.setdefault(f.max_batch_size, []).append(f)
+        for batch, group in by_batch.items():
+            preds = predict_many(spec, [f.precision for f in group], batch, seq_len=seq_len, image_size=image_size,
+                                 hardware=hw.name, checkpoint=ckpt_path, optimizer=optimizer, overrides=overrides,
+                                 task=task, use_disk_cache=use_disk_cache)
+            for f, pred in zip(group, preds):
+                f.prediction = pred
+                items = batch * (pred.seq_len or 1)
+                f.throughput_unit = "tokens" if pred.seq_len else "samples"
+                f.throughput_per_s = items / (pred.iteration_ms / 1e3) if pred.iteration_ms > 0 else None
+    notes += _merge_warnings([f.prediction for f in fits if f.prediction is not None])
+    if any(f.max_batch_size >= limit for f in fits):
+        notes.append(f"the search stops at batch {limit}: larger batches may fit too")
+    return fits, notes
+
+
+def _largest_batch(search: tuple) -> tuple:
+    """``memory.largest_batch`` for one precision class: (config at batch 1, capacity, limit)."""
+    from gnn_ptp import memory
+    from gnn_ptp.trace import trace_step
+
+    config, capacity, limit = search
+    return memory.largest_batch(
+        lambda b: memory.estimate(trace_step(dataclasses.replace(config, shape=dataclasses.replace(
+            config.shape, batch_size=b)))), capacity, limit)
+
+
+def _in_workers(fn, items: list) -> list:
+    """``[fn(x) for x in items]``, in forked worker processes where there are several cores (as the
+    graph traces of ``_trace_groups``)."""
+    workers = min(len(items), os.cpu_count() or 1)
+    if workers <= 1 or sys.platform != "linux":
+        return [fn(x) for x in items]
+    import multiprocessing
+
+    try:
+        with multiprocessing.get_context("fork").Pool(workers, initializer=_single_threaded) as pool:
+            return pool.map(fn, items, chunksize=1)
+    except Exception as e:
+        if not _fork_refused(e):
+            raise
+        return [fn(x) for x in items]
+
+
+def format_max_batch(spec: str, fits: list[BatchFit], notes: list[str], hardware: str) -> str:
+    first = fits[0]
+    lines = [f"{spec}: the largest batch whose training step fits in one {hardware} "
+             f"({first.capacity_bytes / 1e9:.0f} GB), per precision class", ""]
+    lines.append(f"{'precision':<15}{'max batch':>10}{'peak alloc':>12}{'device mem':>12}{'floor':>10}"
+                 f"{'step':>10}{'throughput':>18}")
+    for f in fits:
+        m = f.memory
+        if f.max_batch_size == 0:
+            lines.append(f"{f.precision:<15}{'none':>10}{_bytes(m['peak_bytes']):>12}{_bytes(m['device_bytes']):>12}"
+                         f"{_bytes(m['floor_bytes']):>10}{'-':>10}{'-':>18}  (batch 1 does not fit)")
+            continue
+        step = _ms(f.prediction.iteration_ms) if f.prediction is not None else "-"
+        rate = f"{f.throughput_per_s:,.0f} {f.throughput_unit}/s" if f.throughput_per_s else "-"
+        lines.append(f"{f.precision:<15}{f.max_batch_size:>10}{_bytes(m['peak_bytes']):>12}"
+                     f"{_bytes(m['device_bytes']):>12}{_bytes(m['floor_bytes']):>10}{step:>10}{rate:>18}")
+    lines.append("")
+    lines.append("peak alloc: torch.cuda.max_memory_allocated of the step (CPU: live tensor bytes); device mem: "
+                 "the allocator's segments + CUDA context; floor: weights + gradients + optimizer state")
+    lines += [f"note: {n}" for n in notes]
+    return "\n".join(lines)
 
 
 def trained_precisions(meta: dict) -> list[str]:
@@ -496,8 +637,6 @@ def format_predictions(preds: list[Prediction]) -> str:
     if first.top_ops:
         top = ", ".join(f"{t['op']} {_ms(t['ms'])}" for t in fastest.top_ops)
         lines.append(f"where the time goes ({fastest.precision}): {top}")
-    if first.hardware == "cpu" and any(p.peak_memory_bytes for p in preds):
-        lines.append(CPU_MEMORY_NOTE)
     lines += [f"warning: {w}" for w in _merge_warnings(preds)]
     return "\n".join(lines)
 
@@ -531,10 +670,6 @@ def _bytes(n: float) -> str:
     if n >= 1e9:
         return f"{n / 1e9:.1f} GB"
     return f"{n / 1e6:.0f} MB" if n >= 1e6 else f"{n / 1e3:.0f} kB"
-
-
-CPU_MEMORY_NOTE = ("note: peak mem is a rough guide from a CPU checkpoint: it learned from the growth of the "
-                   "process's peak RSS, which an allocator reusing freed memory keeps low")
 
 
 def _ms(ms: float) -> str:

@@ -430,6 +430,7 @@ def _record(config: StepConfig, workload, stack: str | None = None) -> torch.fx.
                 output = torch.func.functional_call(model, (inputs["params"], inputs["buffers"]),
                                                     tuple(inputs["args"]), inputs["kwargs"], strict=False)
                 loss = workload.loss_fn(output, **inputs["targets"])
+            _mark_held(recorder, (output, loss))
             scale, growth_tracker = inputs["scaler"]
             if precision.grad_scaler:
                 loss = loss * scale
@@ -496,6 +497,32 @@ def _raised_in(e: BaseException, file: Path) -> bool:
 
     target = Path(file).resolve()
     return any(Path(f.filename).resolve() == target for f in traceback.extract_tb(e.__traceback__))
+
+
+def _mark_held(recorder: _Recorder, values) -> None:
+    """Mark the tensors a training loop holds until the step ends (the model's output, with any KV
+    cache it returns, and the loss) on the nodes that made them: ``meta["held"]``, for ``memory``."""
+    seen: set[int] = set()
+
+    def walk(x, depth: int) -> None:
+        if depth > 6 or id(x) in seen:
+            return
+        seen.add(id(x))
+        if isinstance(x, torch.Tensor):
+            node = recorder.node_of(x)
+            if node is not None:
+                node.meta.setdefault("held", []).append(ops.TensorMeta(x))
+        elif isinstance(x, dict):
+            for v in x.values():
+                walk(v, depth + 1)
+        elif isinstance(x, (list, tuple)):
+            for v in x:
+                walk(v, depth + 1)
+        elif hasattr(x, "__dict__") and not isinstance(x, (type, torch.nn.Module)):
+            for v in vars(x).values():  # a ModelOutput's fields, a DynamicCache's layers
+                walk(v, depth + 1)
+
+    walk(values, 0)
 
 
 class TraceError(RuntimeError):

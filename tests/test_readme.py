@@ -41,6 +41,8 @@ RUN = {
     "gnn-ptp comm --bytes 256M --gpus 16 --nodes 2": ["all-reduce of 256 MiB over 16 ranks on 2 node(s)"],
     "gnn-ptp comm --bytes 256M --gpus 8": ["all-reduce of 256 MiB over 8 ranks on 1 node(s), h100-nvswitch"],
     "gnn-ptp comm --list": ["h100-nvswitch", "h100-ib-ndr400", "cpu-gloo"],
+    "gnn-ptp predict hf:llama --seq-len 2048 --precision all --max-batch-size": [
+        "the largest batch whose training step fits in one h100", "bf16", "batch 1 does not fit"],
     "gnn-ptp graph hf:gtp2": [],  # an error example: its printed line is compared with stderr
     "python -m gnn_ptp.comm": [],  # printed with its output: compared line for line
 }

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from conftest import needs_cuda_wheel
-from gnn_ptp import replicate, trace
+from gnn_ptp import memory, replicate, trace
 from gnn_ptp.graph import to_data
 from gnn_ptp.precision import get_precision
 from gnn_ptp.spec import Shape, build, parse_spec
@@ -65,6 +65,7 @@ def assert_same_graph(full, replicated) -> None:
         else:
             assert a[key] == b[key], key
     assert replicated.param_count == full.param_count
+    assert memory.estimate(replicated) == memory.estimate(full)  # liveness, held outputs, aliases
 
 
 @needs_cuda_wheel
