@@ -353,8 +353,12 @@ def harvest(cfg: CollectConfig) -> dict:
                   "repeat": cfg.repeat}
         profile = record.pop("profile", None)
         if profile is not None and "peak_allocated_bytes" in profile and "memory" in record:
-            # the CPU's real memory label: peak live bytes from the profiler's memory events
-            record["memory"]["profiler_peak_bytes"] = profile["peak_allocated_bytes"]
+            # the CPU's memory label: bytes held before the step + the profiler's peak of what it allocated
+            # (memory.CPU_LABEL_KIND), in place of the process's peak-RSS growth (kept for reference)
+            rss = record["memory"]
+            record["memory"] = {"peak_bytes": profile["peak_allocated_bytes"], "kind": "cpu_profiler_peak_allocated",
+                                "resident_before_bytes": profile.get("resident_before_bytes"),
+                                "rss_growth_bytes": rss.get("peak_bytes")}
         if profile is not None and profile_file is not None:
             record["profile"] = profile_file.append(record, profile)
             counts["profiled"] += 1

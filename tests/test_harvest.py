@@ -94,6 +94,11 @@ def test_harvest_builds_one_model_per_shape_and_sweeps_the_classes(grid, out, mo
         assert c["overhead_s"] == pytest.approx(c["wall_s"] - c["timed_s"] - c["profile_s"], abs=1e-3)
         assert r["params"] > 0 and r["env"]["hardware"] == "cpu"
         assert r["profile"]["file"].startswith("profiles/tiny-") and r["profile"]["events"] > 0
+    from gnn_ptp.memory import CPU_LABEL_KIND, check_records
+
+    assert all(r["memory"]["kind"] == CPU_LABEL_KIND and r["memory"]["peak_bytes"] > 0 for r in rows)
+    judged = check_records(out)  # the analytic memory model against these real CPU labels
+    assert len(judged) == 9
     from gnn_ptp.stats import dataset_stats
 
     collected = dataset_stats(out)["collection"]
