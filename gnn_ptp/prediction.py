@@ -84,6 +84,11 @@ class Prediction:
     top_ops: list[dict] = field(default_factory=list)
     """Where the time goes: the ops with the largest summed predicted time."""
     warnings: list[str] = field(default_factory=list)
+    source: str = "checkpoint"
+    """"checkpoint" (a trained GNN) or "analytic-prior" (no checkpoint for this hardware yet: the
+    calibrated physical prior of gnn_ptp/prior.py alone)."""
+    expected_error: dict = field(default_factory=dict)
+    """For an analytic-prior prediction: the expected error of the step time and how it was derived."""
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -334,8 +339,8 @@ def predict_many(spec: str, precisions: list[str], batch_size: int, seq_len: int
         raise UserError("--epochs needs --dataset-size (samples per epoch)")
     if steps is not None and epochs is not None:
         raise UserError("give --steps or --epochs, not both")
-    ckpt_path = Path(checkpoint) if checkpoint else default_checkpoint(hardware)
-    model, meta = _load_checkpoint(ckpt_path)
+    ckpt_path, model, meta = _model_for(hardware, checkpoint)
+    analytic = meta.get("source") == "analytic-prior"
     hw_name = meta["hardware"]
     profile = _interconnect(hw_name, dp) if gpus > 1 else None
     n_nodes = profile.nodes_for(gpus, nodes) if profile is not None else (nodes or 1)
@@ -376,7 +381,8 @@ def predict_many(spec: str, precisions: list[str], batch_size: int, seq_len: int
         fwd, bwd, opt = out["log_phase_ms"][i].exp().tolist()
         one_gpu = grad_accum * (fwd + bwd) + opt
         compute = one_gpu * slowdown
-        notes = ([untrained[p]] if p in untrained else []) + _ood_warnings(tensors["u"], tensors, meta)
+        notes = ([untrained[p]] if p in untrained else []) + (
+            [] if analytic else _ood_warnings(tensors["u"], tensors, meta))
         if slowdown > 1:
             notes.append(f"{gpus // n_nodes} ranks per node share {profile.compute_slots} compute slots "
                          f"({profile.name}): compute {slowdown:.2f}x slower than one rank alone")
@@ -388,9 +394,9 @@ def predict_many(spec: str, precisions: list[str], batch_size: int, seq_len: int
         ddp, comm_notes = _allreduce(profile, dp, tensors, log_node_ms, bwd, param_bytes, slowdown)
         comm = ddp.exposed_ms if ddp is not None else 0.0
         notes += comm_notes
-        mem = float(out["log_memory"][i].exp())
+        mem = float(out["log_memory"][i].exp()) if "log_memory" in out else None
         capacity = HARDWARE[hw_name].memory_bytes if hw_name in HARDWARE else None
-        fits = None if capacity is None else mem <= capacity
+        fits = None if capacity is None or mem is None else mem <= capacity
         if fits is False:
             notes.append(f"predicted peak memory {mem / 1e9:.1f} GB exceeds the {capacity / 1e9:.0f} GB of "
                          f"one {hw_name}: this configuration will likely run out of memory")
@@ -401,10 +407,13 @@ def predict_many(spec: str, precisions: list[str], batch_size: int, seq_len: int
             forward_ms=fwd, backward_ms=bwd, optimizer_ms=opt, compute_ms=compute, comm_exposed_ms=comm,
             iteration_ms=iteration, peak_memory_bytes=mem, fits_in_memory=fits,
             params=info["param_count"], flops=sum(info["summary"]["flops_by_phase"].values()),
-            overrides=dict(parsed.overrides), checkpoint=str(ckpt_path), warnings=notes, nodes=n_nodes,
+            overrides=dict(parsed.overrides), checkpoint=str(ckpt_path or ""), warnings=notes, nodes=n_nodes,
             interconnect=profile.name if profile is not None else "", grad_accum=grad_accum,
             global_batch_size=global_batch, scaling_efficiency=one_gpu / iteration if iteration > 0 else 1.0,
             compute_slowdown=slowdown)
+        if analytic:
+            pred.source, pred.expected_error = "analytic-prior", meta["expected_error"]
+            pred.warnings.insert(0, analytic_warning(hw_name, meta))
         if ddp is not None:
             pred.comm_total_ms, pred.allreduce_buckets, pred.fabric = ddp.total_ms, ddp.buckets, ddp.fabric
         if log_node_ms is not None:
@@ -417,6 +426,31 @@ def predict_many(spec: str, precisions: list[str], batch_size: int, seq_len: int
                 pred.cost = pred.gpu_hours * gpu_hour_cost
         results.append(pred)
     return results
+
+
+def _model_for(hardware: str, checkpoint: str | Path | None):
+    """(checkpoint path or None, model, meta): the given or shipped checkpoint; where no checkpoint exists
+    for an H100-class GPU, the calibrated physical prior (gnn_ptp/prior.py) stands in for the GNN."""
+    if checkpoint:
+        return Path(checkpoint), *_load_checkpoint(Path(checkpoint))
+    try:
+        path = default_checkpoint(hardware)
+    except UserError:
+        from gnn_ptp.prior import analytic_model
+
+        found = analytic_model(hardware)
+        if found is None:
+            raise
+        return None, *found
+    return path, *_load_checkpoint(path)
+
+
+def analytic_warning(hardware: str, meta: dict) -> str:
+    err = meta.get("expected_error") or {}
+    how = f"expected error {err['summary']}" if err.get("summary") else "expected error unknown"
+    return (f"ANALYTIC ESTIMATE: no {hardware} checkpoint yet, so these times come from the calibrated "
+            f"physical prior alone (per-kernel roofline with efficiency curves fitted to public per-kernel "
+            f"timings), not from a model trained on measured {hardware} steps; {how}")
 
 
 def predict(spec: str, precision: str = "amp-bf16", batch_size: int = 8, **kwargs) -> Prediction | list[Prediction]:
@@ -444,8 +478,10 @@ def format_predictions(preds: list[Prediction]) -> str:
         f" x {first.image_size}px" if first.image_size else "")
     over = f" on {first.nodes} node(s) over {first.interconnect} ({first.fabric} fit)" if first.fabric else ""
     accum = f", {first.grad_accum} micro-steps" if first.grad_accum > 1 else ""
+    source = (f"checkpoint {first.checkpoint}" if first.source == "checkpoint"
+              else "analytic estimate from the calibrated prior, no checkpoint")
     lines = [f"{first.spec} on {first.gpus}x {first.hardware}{over}, {dims} per GPU{accum}, {first.optimizer} "
-             f"(checkpoint {first.checkpoint})", ""]
+             f"({source})", ""]
     head = f"{'precision':<15}{'forward':>10}{'backward':>10}{'optimizer':>10}{'compute':>10}{'comm':>8}" \
            f"{'iteration':>11}{'peak mem':>10}"
     lines.append(head + ("" if first.total_s is None else f"{'job':>12}") + (
