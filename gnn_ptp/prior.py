@@ -54,7 +54,8 @@ class Curve:
     half_size: float = 0.0
     """Size at which a kernel reaches half of ``peak_fraction`` (0: no ramp)."""
     slope: float = 1.0
-    """How fast the ramp rises with size (log-log slope below ``half_size``)."""
+    """How fast the ramp rises with size (log-log slope below ``half_size``); negative for a curve that
+    falls with size (a CPU: arrays in cache move faster than DRAM)."""
 
     def __call__(self, size: torch.Tensor) -> torch.Tensor:
         size = size.clamp_min(1.0)
