@@ -166,3 +166,51 @@ def test_cli_predicts_an_h100_analytically_with_a_warning(no_h100_checkpoint, ca
 def test_hardware_without_a_prior_or_checkpoint_is_still_one_clear_error(no_h100_checkpoint):
     with pytest.raises(UserError, match="no cpu checkpoint"):
         predict_mod.predict_many(MLP, ["fp32"], 8, hardware="cpu")
+
+
+# --- the prior as a node feature (ModelConfig.prior_feature, off by default) ------------------------------
+
+
+def test_the_prior_node_feature_is_off_by_default_and_changes_nothing_then():
+    from gnn_ptp.model import ModelConfig, StepTimeGNN
+
+    assert ModelConfig().prior_feature == ""
+    off, on = StepTimeGNN(ModelConfig(hidden=16, depth=1)), StepTimeGNN(ModelConfig(hidden=16, depth=1,
+                                                                                    prior_feature="cpu"))
+    assert on.node_in[0].in_features == off.node_in[0].in_features + 1
+
+
+def test_the_prior_node_feature_feeds_the_prior_log_time(monkeypatch):
+    from torch_geometric.data import Batch, Data
+
+    from gnn_ptp.model import ModelConfig, StepTimeGNN
+
+    g = _nodes([{"flops": 2.0 * 512**3, "bytes": 3e6, "dtype": "fp32", "phase": 0},
+                {"flops": 1e5, "bytes": 1e6, "dtype": "fp32", "category": "elementwise", "phase": 1}])
+    data = Data(x=g["x"], x_cat=g["x_cat"], phase=g["phase"], edge_index=torch.tensor([[0], [1]]),
+                edge_attr=torch.ones(1, 1), u=torch.zeros(1, _graph_features()), num_nodes=2)
+    model = StepTimeGNN(ModelConfig(hidden=16, depth=1, prior_feature="cpu")).eval()
+    seen = []
+    first = model.node_in[0]
+    monkeypatch.setattr(model.node_in, "0", _Spy(first, seen))
+    model(Batch.from_data_list([data]))
+    want = prior.log_node_ms(g, CPU)
+    torch.testing.assert_close(seen[0][:, -1], want)
+    with pytest.raises(UserError, match="prior_feature"):
+        ModelConfig(prior_feature="tpu")
+
+
+def _graph_features() -> int:
+    from gnn_ptp.graph import GRAPH_FEATURES
+
+    return GRAPH_FEATURES
+
+
+class _Spy(torch.nn.Module):
+    def __init__(self, inner, seen):
+        super().__init__()
+        self.inner, self.seen = inner, seen
+
+    def forward(self, x):
+        self.seen.append(x.detach())
+        return self.inner(x)
