@@ -158,28 +158,6 @@ def phase_ms(tensors, profile: Profile) -> np.ndarray:
     return np.append(out, out.sum())
 
 
-def gemm_seconds(flops: float, bytes_moved: float, dtype: str, tensor_core: bool, profile: Profile) -> float:
-    """The prior time of one GEMM kernel (what ``node_seconds`` gives a matmul node), for calibration."""
-    hw = profile.hardware
-    f = torch.tensor([float(flops)], dtype=torch.float64)
-    compute = flops / (hw.flops_rate(dtype, tensor_core, gemm=True) * float(profile.gemm_curve(dtype)(f)))
-    memory = bytes_moved / (hw.memory_bandwidth_Bps * float(profile.memory(torch.tensor([float(bytes_moved)],
-                                                                                      dtype=torch.float64))))
-    return max(compute, memory, profile.launch_floor_s)
-
-
-def describe(profile: Profile) -> str:
-    """One line: which rates and curves a prediction used."""
-    hw = profile.hardware
-    parts = [f"{hw.description}: peaks " + ", ".join(f"{k} {v / 1e12:.0f}" if v >= 1e12 else f"{k} {v / 1e9:.0f}G"
-                                                     for k, v in hw.flops_per_s.items()) + " TFLOP/s",
-             f"{hw.memory_bandwidth_Bps / 1e12:.2f} TB/s"]
-    if profile.gemm:
-        parts.append("GEMM efficiency " + ", ".join(f"{k} {c.peak_fraction:.0%}" for k, c in profile.gemm.items()))
-    parts.append(f"memory {profile.memory.peak_fraction:.0%}, launch floor {profile.launch_floor_s * 1e6:.0f} us")
-    return "; ".join(parts) + (f" ({profile.source})" if profile.source else "")
-
-
 ANALYTIC_HARDWARE = ("h100", "h200", "a100")
 """Hardware ``predict`` answers from the prior alone while it has no checkpoint."""
 
@@ -208,5 +186,5 @@ def analytic_model(hardware: str) -> tuple[AnalyticModel, dict] | None:
     if not profile.gemm:  # no calibration shipped
         return None
     meta = {"hardware": hardware, "trace_target": "cuda", "source": "analytic-prior",
-            "expected_error": profile.expected_error, "describe": describe(profile)}
+            "expected_error": profile.expected_error}
     return AnalyticModel(profile), meta

@@ -59,8 +59,8 @@ def test_the_shipped_calibration_names_its_kernel_level_sources():
                                             ("fp32", False, 2.0 * 2048**3)])
 def test_a_single_gemm_node_takes_the_closed_form_time(dtype, tc, flops):
     moved = 3 * 2 * 4096.0**2
-    got = prior.node_seconds(**{k: v for k, v in _nodes([{"flops": flops, "bytes": moved, "dtype": dtype,
-                                                             "tc": tc}]).items() if k != "phase"}, profile=H100)
+    g = _nodes([{"flops": flops, "bytes": moved, "dtype": dtype, "tc": tc}])
+    got = prior.node_seconds(g["x"], g["x_cat"], H100)
     cal = TABLE["h100"]
     compute = flops / (HARDWARE["h100"].flops_per_s[dtype] * _efficiency(cal["gemm"][dtype], flops))
     memory = moved / (3.35e12 * cal["memory"]["peak_fraction"])
@@ -71,10 +71,9 @@ def test_a_single_gemm_node_takes_the_closed_form_time(dtype, tc, flops):
 
 
 def test_tiny_kernels_cost_the_launch_floor_and_memory_bound_ones_the_bandwidth():
-    t = prior.node_seconds(**{k: v for k, v in _nodes([
-        {"flops": 10.0, "bytes": 64.0, "dtype": "fp32", "category": "elementwise"},
-        {"flops": 2**28, "bytes": 3 * 2**30, "dtype": "fp32", "category": "elementwise"}]).items() if k != "phase"},
-        profile=H100)
+    g = _nodes([{"flops": 10.0, "bytes": 64.0, "dtype": "fp32", "category": "elementwise"},
+                {"flops": 2**28, "bytes": 3 * 2**30, "dtype": "fp32", "category": "elementwise"}])
+    t = prior.node_seconds(g["x"], g["x_cat"], H100)
     assert t[0].item() == pytest.approx(TABLE["h100"]["launch_floor_s"])
     assert t[1].item() == pytest.approx(3 * 2**30 / (3.35e12 * TABLE["h100"]["memory"]["peak_fraction"]), rel=1e-5)
 
