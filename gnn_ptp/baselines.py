@@ -1,7 +1,9 @@
 """Baselines the GNN is measured against, on the same split.
 
-- roofline: every kernel takes max(FLOPs / peak rate of its dtype, bytes / memory bandwidth), summed
-  per phase; no learning at all.
+- roofline: the physical prior (gnn_ptp/prior.py): every kernel takes max(FLOPs / (peak GEMM or vector
+  rate of its dtype x calibrated efficiency), bytes / (bandwidth x efficiency), launch floor), summed per
+  phase; fitted to kernel timings only, never to step times. A GEMM runs at the GEMM rate of its dtype
+  whether or not it uses tensor cores (an fp32 matmul on a CPU at the measured fp32 GEMM rate).
 - graph-totals ridge: a linear model in log space on the graph-level features (precision, sizes,
   parameters, FLOPs per dtype and phase, bytes, kernel counts), fitted on the training families.
 - precision-unaware GNN: the same GNN trained on graphs traced as fp32 whatever the precision (what a
@@ -13,24 +15,15 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from gnn_ptp import ops
+from gnn_ptp import prior
 from gnn_ptp.hardware import Hardware
-
-TC_COLUMN = 13  # graph.py node features: tensor-core flag
+from gnn_ptp.prior import TC_COLUMN  # noqa: F401  (tests build node features with it)
 
 
 def roofline_ms(sample, hw: Hardware) -> np.ndarray:
-    """Roofline time in ms of each phase and the whole step: [forward, backward, optimizer, step]."""
-    x = sample.x.double()
-    flops = torch.exp2(x[:, 0]) - 1
-    moved = (torch.exp2(x[:, 1]) - 1) + (torch.exp2(x[:, 2]) - 1)
-    rates = torch.tensor([hw.flops_rate(ops.DTYPES[int(d)], bool(tc))
-                          for d, tc in zip(sample.x_cat[:, 2].tolist(), x[:, TC_COLUMN].tolist())],
-                         dtype=torch.float64)
-    seconds = torch.maximum(flops / rates, moved / hw.memory_bandwidth_Bps)
-    phases = torch.zeros(3, dtype=torch.float64).index_add(0, sample.phase, seconds)
-    out = (phases * 1e3).numpy()
-    return np.append(out, out.sum())
+    """Roofline time in ms of each phase and the whole step: [forward, backward, optimizer, step], with
+    the hardware's calibrated efficiency curves (a made-up ``Hardware`` gets the plain peak roofline)."""
+    return prior.phase_ms(sample, prior.get_profile(hw))
 
 
 class GraphTotalsRidge:

@@ -139,7 +139,7 @@ def format_table(r: dict) -> str:
     names = ["gnn"] + list(r["baselines"])
     rows = {"gnn": r, **r["baselines"]}
     label = {"gnn": "gnn (precision-aware)", "precision_unaware": "gnn, precision-unaware",
-             "roofline": "roofline (peak rates)", "graph_totals_ridge": "ridge on graph totals"}
+             "roofline": "roofline (calibrated)", "graph_totals_ridge": "ridge on graph totals"}
     head = f"{r['hardware']} checkpoint {r['checkpoint']} on {r['data']}, {r['split']} split"
     if r.get("held_out_families"):
         head += f" (held-out families: {', '.join(r['held_out_families'])})"

@@ -44,6 +44,9 @@ class ModelConfig:
     """Attention heads (gatv2, transformer)."""
     precision_aware: bool = True
     """False builds the precision-unaware baseline: graphs traced as fp32, whatever the precision."""
+    prior_feature: str = ""
+    """Hardware name (h100, cpu, ...): add the physical prior's per-node log-time (gnn_ptp/prior.py, that
+    hardware's calibrated curves) to every node's features. "" (default): off, the model as before."""
 
     def __post_init__(self):
         for name in ("hidden", "depth", "heads"):
@@ -56,6 +59,12 @@ class ModelConfig:
         if self.hidden < 8 or self.depth < 0 or not 0 <= self.dropout < 1:
             raise UserError(f"model config out of range: hidden {self.hidden} (>= 8), depth {self.depth} "
                             f"(>= 0), dropout {self.dropout} (in [0, 1))")
+        if self.prior_feature:
+            from gnn_ptp.hardware import HARDWARE
+
+            if self.prior_feature not in HARDWARE:
+                raise UserError(f"model prior_feature {self.prior_feature!r} is not one of "
+                                f"{', '.join(HARDWARE)} (or \"\" for off)")
         if self.layer in ("gatv2", "transformer") and self.hidden % self.heads:
             raise UserError(f"hidden {self.hidden} must be divisible by heads {self.heads}")
 
@@ -100,7 +109,9 @@ class StepTimeGNN(nn.Module):
         self.cat_embed = nn.Embedding(len(ops.CATEGORIES), 8)
         self.dtype_embed = nn.Embedding(len(ops.DTYPES), 8)
         self.phase_embed = nn.Embedding(N_PHASES, 4)
-        self.node_in = nn.Sequential(nn.Linear(32 + 8 + 8 + 4 + NODE_FEATURES, h), nn.GELU(), nn.Linear(h, h))
+        extra = 1 if cfg.prior_feature else 0  # the prior's log-time, behind a flag (off by default)
+        self.node_in = nn.Sequential(nn.Linear(32 + 8 + 8 + 4 + NODE_FEATURES + extra, h), nn.GELU(),
+                                     nn.Linear(h, h))
         self.edge_in = nn.Linear(1, h)
         self.graph_in = nn.Sequential(nn.Linear(GRAPH_FEATURES, h), nn.GELU(), nn.Linear(h, h))
         self.convs = nn.ModuleList(_conv(cfg) for _ in range(cfg.depth))
@@ -121,9 +132,15 @@ class StepTimeGNN(nn.Module):
         from torch_geometric.nn import GraphNorm
 
         x_cat, batch = data.x_cat, data.batch
+        numeric = [data.x]
+        if self.cfg.prior_feature:
+            from gnn_ptp import prior
+
+            profile = prior.get_profile(self.cfg.prior_feature)
+            numeric.append(prior.log_node_ms({"x": data.x, "x_cat": x_cat}, profile).to(data.x)[:, None])
         h = self.node_in(torch.cat([self.op_embed(x_cat[:, 0]), self.cat_embed(x_cat[:, 1]),
                                     self.dtype_embed(x_cat[:, 2]), self.phase_embed(x_cat[:, 3]),
-                                    data.x], dim=-1))
+                                    *numeric], dim=-1))
         g = self.graph_in(data.u)
         h = h + g[batch]
         e = self.edge_in(data.edge_attr)

@@ -92,6 +92,11 @@ class Prediction:
     top_ops: list[dict] = field(default_factory=list)
     """Where the time goes: the ops with the largest summed predicted time."""
     warnings: list[str] = field(default_factory=list)
+    source: str = "checkpoint"
+    """"checkpoint" (a trained GNN) or "analytic-prior" (no checkpoint for this hardware yet: the
+    calibrated physical prior of gnn_ptp/prior.py alone)."""
+    expected_error: dict = field(default_factory=dict)
+    """For an analytic-prior prediction: the expected error of the step time and how it was derived."""
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -353,8 +358,8 @@ def predict_many(spec: str, precisions: list[str], batch_size: int, seq_len: int
         raise UserError("--epochs needs --dataset-size (samples per epoch)")
     if steps is not None and epochs is not None:
         raise UserError("give --steps or --epochs, not both")
-    ckpt_path = Path(checkpoint) if checkpoint else default_checkpoint(hardware)
-    model, meta = _load_checkpoint(ckpt_path)
+    ckpt_path, model, meta = _model_for(hardware, checkpoint)
+    analytic = meta.get("source") == "analytic-prior"
     hw_name = meta["hardware"]
     profile = _interconnect(hw_name, dp) if gpus > 1 else None
     n_nodes = profile.nodes_for(gpus, nodes) if profile is not None else (nodes or 1)
@@ -403,7 +408,8 @@ def predict_many(spec: str, precisions: list[str], batch_size: int, seq_len: int
         fwd, bwd, opt = out["log_phase_ms"][i].exp().tolist()
         one_gpu = grad_accum * (fwd + bwd) + opt
         compute = one_gpu * slowdown
-        notes = ([untrained[p]] if p in untrained else []) + _ood_warnings(tensors["u"], tensors, meta)
+        notes = ([untrained[p]] if p in untrained else []) + (
+            [] if analytic else _ood_warnings(tensors["u"], tensors, meta))
         if left_out_note:
             notes.insert(0, left_out_note)
         if slowdown > 1:
@@ -432,10 +438,13 @@ def predict_many(spec: str, precisions: list[str], batch_size: int, seq_len: int
             forward_ms=fwd, backward_ms=bwd, optimizer_ms=opt, compute_ms=compute, comm_exposed_ms=comm,
             iteration_ms=iteration, peak_memory_bytes=mem, fits_in_memory=fits, memory=estimate,
             params=info["param_count"], flops=sum(info["summary"]["flops_by_phase"].values()),
-            overrides=dict(parsed.overrides), checkpoint=str(ckpt_path), warnings=notes, nodes=n_nodes,
+            overrides=dict(parsed.overrides), checkpoint=str(ckpt_path or ""), warnings=notes, nodes=n_nodes,
             interconnect=profile.name if profile is not None else "", grad_accum=grad_accum,
             global_batch_size=global_batch, scaling_efficiency=one_gpu / iteration if iteration > 0 else 1.0,
             compute_slowdown=slowdown)
+        if analytic:
+            pred.source, pred.expected_error = "analytic-prior", meta["expected_error"]
+            pred.warnings.insert(0, analytic_warning(hw_name, meta))
         if ddp is not None:
             pred.comm_total_ms, pred.allreduce_buckets, pred.fabric = ddp.total_ms, ddp.buckets, ddp.fabric
         if log_node_ms is not None:
@@ -448,6 +457,31 @@ def predict_many(spec: str, precisions: list[str], batch_size: int, seq_len: int
                 pred.cost = pred.gpu_hours * gpu_hour_cost
         results.append(pred)
     return results
+
+
+def _model_for(hardware: str, checkpoint: str | Path | None):
+    """(checkpoint path or None, model, meta): the given or shipped checkpoint; where no checkpoint exists
+    for an H100-class GPU, the calibrated physical prior (gnn_ptp/prior.py) stands in for the GNN."""
+    if checkpoint:
+        return Path(checkpoint), *_load_checkpoint(Path(checkpoint))
+    try:
+        path = default_checkpoint(hardware)
+    except UserError:
+        from gnn_ptp.prior import analytic_model
+
+        found = analytic_model(hardware)
+        if found is None:
+            raise
+        return None, *found
+    return path, *_load_checkpoint(path)
+
+
+def analytic_warning(hardware: str, meta: dict) -> str:
+    err = meta.get("expected_error") or {}
+    how = f"expected error {err['summary']}" if err.get("summary") else "expected error unknown"
+    return (f"ANALYTIC ESTIMATE: no {hardware} checkpoint yet, so these times come from the calibrated "
+            f"physical prior alone (per-kernel roofline with efficiency curves fitted to public per-kernel "
+            f"timings), not from a model trained on measured {hardware} steps; {how}")
 
 
 def predict(spec: str, precision: str = "amp-bf16", batch_size: int = 8, **kwargs) -> Prediction | list[Prediction]:
@@ -492,15 +526,12 @@ def max_batch_sizes(spec: str, precisions: list[str], seq_len: int | None = None
     from gnn_ptp.precision import CPU_PRECISIONS
 
     notes: list[str] = []
-    ckpt_path = None
-    if checkpoint:
-        ckpt_path = Path(checkpoint)
-    else:
-        try:
-            ckpt_path = default_checkpoint(hardware)
-        except UserError as e:
-            notes.append(f"step time not predicted: {e}")
-    meta = _load_checkpoint(ckpt_path)[1] if ckpt_path is not None else {}
+    timed = True  # step times from the checkpoint, or from the analytic prior where none exists
+    try:
+        ckpt_path, _, meta = _model_for(hardware, checkpoint)
+    except UserError as e:
+        timed, ckpt_path, meta = False, None, {}
+        notes.append(f"step time not predicted: {e}")
     hw = get_hardware(meta.get("hardware", hardware))
     target = meta.get("trace_target", "cpu" if hw.name == "cpu" else "cuda")
     if precisions == ["all"]:
@@ -517,7 +548,7 @@ def max_batch_sizes(spec: str, precisions: list[str], seq_len: int | None = None
     for p in precisions:
         batch, est, probes = found[same[p]]
         fits.append(BatchFit(p, batch, hw.memory_bytes, est.to_dict(), probes))
-    if ckpt_path is not None:
+    if timed:
         by_batch: dict[int, list[BatchFit]] = {}
         for f in fits:
             if f.max_batch_size:
@@ -604,8 +635,10 @@ def format_predictions(preds: list[Prediction]) -> str:
         f" x {first.image_size}px" if first.image_size else "")
     over = f" on {first.nodes} node(s) over {first.interconnect} ({first.fabric} fit)" if first.fabric else ""
     accum = f", {first.grad_accum} micro-steps" if first.grad_accum > 1 else ""
+    source = (f"checkpoint {first.checkpoint}" if first.source == "checkpoint"
+              else "analytic estimate from the calibrated prior, no checkpoint")
     lines = [f"{first.spec} on {first.gpus}x {first.hardware}{over}, {dims} per GPU{accum}, {first.optimizer} "
-             f"(checkpoint {first.checkpoint})", ""]
+             f"({source})", ""]
     head = f"{'precision':<15}{'forward':>10}{'backward':>10}{'optimizer':>10}{'compute':>10}{'comm':>10}" \
            f"{'iteration':>11}{'peak mem':>10}"
     lines.append(head + ("" if first.total_s is None else f"{'job':>12}") + (

@@ -53,12 +53,20 @@ def test_roofline_two_nodes_is_max_of_compute_and_memory_time_per_phase():
     np.testing.assert_allclose(got, [fwd, bwd, 0.0, fwd + bwd], rtol=1e-6)
 
 
-def test_roofline_sums_nodes_of_one_phase_and_uses_vector_rate_without_a_tensor_core_rate():
+def test_roofline_sums_nodes_of_one_phase_and_runs_gemms_at_the_gemm_rate_of_their_dtype():
     fp16_tc = {**MATMUL, "dtype": "fp16", "phase": 2}  # HW has no fp16 rate: vector rate
-    vec_bf16 = {**MATMUL, "tc": 0, "phase": 2}  # not a tensor-core kernel: vector rate
-    got = roofline_ms(_graph([fp16_tc, vec_bf16, {**MATMUL, "dtype": "fp32", "phase": 2}]), HW)
-    opt = _roof(fp16_tc, 1e10) + _roof(vec_bf16, 1e10) + _roof(MATMUL, 2e11)
+    simt_bf16 = {**MATMUL, "tc": 0, "phase": 2}  # a matmul without tensor cores: still the bf16 GEMM rate
+    simt_fp32 = {**MATMUL, "dtype": "fp32", "tc": 0, "phase": 2}  # an fp32 matmul (CPU): fp32 GEMM rate
+    got = roofline_ms(_graph([fp16_tc, simt_bf16, simt_fp32]), HW)
+    opt = _roof(fp16_tc, 1e10) + _roof(simt_bf16, 1e12) + _roof(MATMUL, 2e11)
     np.testing.assert_allclose(got, [0.0, 0.0, opt, opt], rtol=1e-6)
+
+
+def test_roofline_runs_non_gemm_kernels_at_the_vector_rate():
+    compute_bound = {"flops": 2.0**40 - 1, "read": 1.0, "written": 1.0, "dtype": "fp32", "tc": 0, "phase": 0}
+    g = _graph([compute_bound])
+    g.x_cat[0, 1] = ops.CATEGORIES.index("elementwise")
+    np.testing.assert_allclose(roofline_ms(g, HW)[0], _roof(compute_bound, 1e10), rtol=1e-6)
 
 
 def test_roofline_scales_with_bandwidth_for_memory_bound_kernels():

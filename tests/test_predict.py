@@ -474,6 +474,7 @@ def test_max_batch_size_needs_no_checkpoint(capsys, monkeypatch):
 
     monkeypatch.setattr("gnn_ptp.prediction.default_checkpoint",
                         lambda hw: (_ for _ in ()).throw(predict_mod.UserError(f"no {hw} checkpoint")))
+    monkeypatch.setattr("gnn_ptp.prior.analytic_model", lambda hw: None)  # no analytic time model either
     tiny = ["hf:llama", "--set", "num_hidden_layers=2", "--set", "hidden_size=128", "--set", "intermediate_size=256",
             "--set", "num_attention_heads=4", "--set", "num_key_value_heads=2", "--set", "vocab_size=500",
             "--seq-len", "64", "--max-batch-size"]
@@ -488,3 +489,16 @@ def test_max_batch_size_needs_no_checkpoint(capsys, monkeypatch):
     assert cli.main(["predict", *tiny, "--precision", "tf32"]) == 0
     text = capsys.readouterr().out
     assert "tf32" in text and "batch 1 does not fit" in text
+
+
+def test_max_batch_size_times_from_the_analytic_prior_without_a_checkpoint(capsys, monkeypatch):
+    from gnn_ptp import cli
+
+    monkeypatch.setattr("gnn_ptp.prediction.default_checkpoint",
+                        lambda hw: (_ for _ in ()).throw(predict_mod.UserError(f"no {hw} checkpoint")))
+    tiny = ["hf:llama", "--set", "num_hidden_layers=2", "--set", "hidden_size=128", "--set", "intermediate_size=256",
+            "--set", "num_attention_heads=4", "--set", "num_key_value_heads=2", "--set", "vocab_size=500",
+            "--seq-len", "64", "--max-batch-size", "--precision", "bf16", "--json"]
+    assert cli.main(["predict", *tiny]) == 0
+    (fit,) = json.loads(capsys.readouterr().out)["fits"]
+    assert fit["prediction"]["source"] == "analytic-prior" and fit["throughput_per_s"] > 0

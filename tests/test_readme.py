@@ -7,9 +7,7 @@ Every line of every ```bash block, every ``$ gnn-ptp ...`` / ``$ python ...`` ex
 - ``NOT_IN_CI``: cannot run in CI by nature (installs packages, needs a GPU or a cluster, trains or
   measures for minutes); each says why and is still checked as far as it can be (its arguments parse,
   the extras it installs hold what the next command needs);
-- ``NEEDS_ANALYTIC_H100``: uses the default ``--hardware h100``, for which no checkpoint is shipped; today
-  each must fail with the clear "no h100 checkpoint" line (exit 2). The analytic H100 mode answers them:
-  when it is merged, move them to ``RUN``.
+- ``PYTHON_BLOCKS``: the ```python examples, run and checked.
 
 A README line that is in none of them fails ``test_every_readme_command_is_named``: nothing is skipped
 silently.
@@ -28,14 +26,25 @@ from gnn_ptp import cli
 REPO = Path(__file__).resolve().parent.parent
 README = REPO / "README.md"
 
-FIRST = ("gnn-ptp predict hf:gpt2 --set n_layer=2 --set n_embd=128 --set n_head=4 --set vocab_size=2000 "
-         "--batch-size 8 --seq-len 128 --precision all --hardware cpu")
+FIRST = "gnn-ptp predict hf:gpt2 --batch-size 8 --seq-len 1024 --precision all"
+CPU_EXAMPLE = ("gnn-ptp predict hf:gpt2 --set n_layer=2 --set n_embd=128 --set n_head=4 --set vocab_size=2000 "
+               "--batch-size 8 --seq-len 128 --precision all --hardware cpu")
+ANALYTIC = "ANALYTIC ESTIMATE: no h100 checkpoint yet"
 LLAMA_GRAPH = "gnn-ptp graph hf:llama --precision amp-bf16 --batch-size 4 --seq-len 2048"
 
 RUN = {
     # command: texts its stdout must hold (an example printed with "$ ..." is compared with its output)
-    FIRST: ["hf:gpt2 on 1x cpu", "fp32", "amp-bf16", "bf16", "<- fastest",
-            "left out: tf32, torch-default, amp-fp16"],
+    FIRST: ["hf:gpt2 on 1x h100", ANALYTIC, "fp32", "tf32", "torch-default", "amp-fp16", "amp-bf16", "bf16",
+            "<- fastest"],
+    CPU_EXAMPLE: ["hf:gpt2 on 1x cpu", "fp32", "amp-bf16", "bf16", "<- fastest",
+                  "left out: tf32, torch-default, amp-fp16"],
+    "gnn-ptp predict hf:llama --batch-size 4 --seq-len 2048 --precision all": ["hf:llama on 1x h100", ANALYTIC],
+    "gnn-ptp predict hf:llama --batch-size 4 --seq-len 2048 --precision all --gpus 8 --epochs 3 "
+    "--dataset-size 1000000 --gpu-hour-cost 2.5": ["hf:llama on 8x h100", ANALYTIC, "h100-nvswitch"],
+    "gnn-ptp predict hf:gpt2 --precision amp-bf16 --batch-size 8 --seq-len 1024 --gpus 16": [
+        "hf:gpt2 on 16x h100 on 2 node(s)", ANALYTIC],
+    "gnn-ptp predict hf:gpt2 --precision amp-bf16 --batch-size 8 --seq-len 1024 --gpus 8 --grad-accum 4 "
+    "--bucket-cap-mb 50 --grad-compression bf16 --epochs 3 --dataset-size 1000000": ["hf:gpt2 on 8x h100", ANALYTIC],
     LLAMA_GRAPH: ["family llama", "tensor cores:"],
     "gnn-ptp data stats datasets/cpu": ["records:", "precision", "noise"],
     "gnn-ptp comm --bytes 256M --gpus 16 --nodes 2": ["all-reduce of 256 MiB over 16 ranks on 2 node(s)"],
@@ -83,15 +92,7 @@ NOT_IN_CI = {
     "python benchmarks/ddp_gloo.py": ("benchmark: predicts 52 DDP records (minutes)", "none"),
 }
 
-NEEDS_ANALYTIC_H100 = [
-    "gnn-ptp predict hf:llama --batch-size 4 --seq-len 2048 --precision all",
-    "gnn-ptp predict hf:llama --batch-size 4 --seq-len 2048 --precision all --gpus 8 --epochs 3 "
-    "--dataset-size 1000000 --gpu-hour-cost 2.5",
-    "gnn-ptp predict hf:gpt2 --precision amp-bf16 --batch-size 8 --seq-len 1024 --gpus 16",
-    "gnn-ptp predict hf:gpt2 --precision amp-bf16 --batch-size 8 --seq-len 1024 --gpus 8 --grad-accum 4 "
-    "--bucket-cap-mb 50 --grad-compression bf16 --epochs 3 --dataset-size 1000000",
-    "python-api-block-1",
-]
+PYTHON_BLOCKS = ["python-api-block-1"]  # the Python API example: run, its rows checked
 
 
 # --- reading the README -------------------------------------------------------------------------------
@@ -155,7 +156,7 @@ def all_commands() -> list[str]:
 
 def test_every_readme_command_is_named():
     found = set(all_commands())
-    named = [*RUN, *NOT_IN_CI, *NEEDS_ANALYTIC_H100]
+    named = [*RUN, *NOT_IN_CI, *PYTHON_BLOCKS]
     assert len(named) == len(set(named)), "a command is named twice"
     assert found - set(named) == set(), "README commands no test runs or names: update tests/test_readme.py"
     assert set(named) - found == set(), "named here but no longer in the README"
@@ -230,14 +231,11 @@ def test_readme_command_not_in_ci_is_checked(command):
         assert check == "none"
 
 
-@pytest.mark.parametrize("command", NEEDS_ANALYTIC_H100)
-def test_readme_h100_examples_fail_clearly_until_the_analytic_mode(command, in_repo, capsys):
-    """Until the analytic H100 mode is merged, each gives the one-line 'no h100 checkpoint' error."""
-    from gnn_ptp.errors import UserError
-
-    if command in python_blocks():
-        with pytest.raises(UserError, match="no h100 checkpoint"):
-            exec(compile(python_blocks()[command], "README.md", "exec"), {})
-        return
-    code, out, err = _run(command, capsys)
-    assert code == 2 and err.startswith("gnn-ptp predict: error: no h100 checkpoint") and len(err.splitlines()) == 1
+@pytest.mark.parametrize("block", PYTHON_BLOCKS)
+def test_readme_python_example_runs(block, in_repo):
+    """The Python API example, run as printed: an analytic H100 prediction while no checkpoint exists."""
+    scope: dict = {}
+    exec(compile(python_blocks()[block], "README.md", "exec"), scope)
+    p, rows = scope["p"], scope["rows"]
+    assert p.source == "analytic-prior" and p.iteration_ms >= p.compute_ms > 0
+    assert [r.precision for r in rows] == ["fp32", "tf32", "torch-default", "amp-fp16", "amp-bf16", "bf16"]

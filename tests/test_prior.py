@@ -1,0 +1,216 @@
+"""The physical prior (gnn_ptp/prior.py) and predict's analytic H100 mode.
+
+Closed-form checks on hand-built nodes (SYNTHETIC features, written as graph.py writes them) against the
+shipped calibration, then traced steps of tiny real models: precision ratios of a matmul-bound MLP, batch
+monotonicity, and the CLI answering for an H100 with no checkpoint (``default_checkpoint`` is made to find
+none, as in a checkout without checkpoints/h100)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+import gnn_ptp.prediction as predict_mod
+from gnn_ptp import cli, ops, prior
+from gnn_ptp.errors import UserError
+from gnn_ptp.graph import NODE_FEATURES
+from gnn_ptp.hardware import HARDWARE
+from gnn_ptp.precision import PRECISION_NAMES
+
+from conftest import GPT2, PYMODELS
+
+H100 = prior.get_profile("h100")
+CPU = prior.get_profile("cpu")
+TABLE = prior.calibration()
+
+
+def _log(v: float) -> float:
+    return math.log2(1.0 + v)
+
+
+def _nodes(rows: list[dict]) -> dict:
+    """Nodes {flops, bytes, dtype, tc, category, phase} as graph.to_tensors writes their features."""
+    x = torch.zeros(len(rows), NODE_FEATURES)
+    x_cat = torch.zeros(len(rows), 4, dtype=torch.long)
+    for i, r in enumerate(rows):
+        x[i, 0], x[i, 1], x[i, 2] = _log(r["flops"]), _log(r["bytes"] / 2), _log(r["bytes"] / 2)
+        x[i, prior.TC_COLUMN] = float(r.get("tc", False))
+        x_cat[i] = torch.tensor([0, ops.CATEGORIES.index(r.get("category", "matmul")), ops.DTYPE_ID[r["dtype"]],
+                                 r.get("phase", 0)])
+    return {"x": x, "x_cat": x_cat, "phase": x_cat[:, 3].clone()}
+
+
+def _efficiency(curve: dict, size: float) -> float:
+    return curve["peak_fraction"] / (1 + (curve.get("half_size", 0) / size) ** curve.get("slope", 1.0))
+
+
+def test_the_shipped_calibration_names_its_kernel_level_sources():
+    assert {"h100", "cpu"} <= set(TABLE)
+    assert "NeuSight" in TABLE["h100"]["source"] and TABLE["h100"]["assumed"]
+    assert TABLE["h100"]["kernel_errors"]["gemm_fp32_h100"]["held_out"]["n"] > 500
+    for dtype in ("fp32", "tf32", "fp16", "bf16"):
+        assert 0.3 < H100.gemm_curve(dtype)(torch.tensor([1e13], dtype=torch.float64)).item() <= 1.0
+
+
+@pytest.mark.parametrize("dtype,tc,flops", [("bf16", True, 2.0 * 8192**3), ("tf32", True, 2.0 * 512**3),
+                                            ("fp32", False, 2.0 * 2048**3)])
+def test_a_single_gemm_node_takes_the_closed_form_time(dtype, tc, flops):
+    moved = 3 * 2 * 4096.0**2
+    g = _nodes([{"flops": flops, "bytes": moved, "dtype": dtype, "tc": tc}])
+    got = prior.node_seconds(g["x"], g["x_cat"], H100)
+    cal = TABLE["h100"]
+    compute = flops / (HARDWARE["h100"].flops_per_s[dtype] * _efficiency(cal["gemm"][dtype], flops))
+    memory = moved / (3.35e12 * cal["memory"]["peak_fraction"])
+    want = max(compute, memory, cal["launch_floor_s"])
+    assert got.item() == pytest.approx(want, rel=1e-5)
+    if dtype == "bf16":  # the anchor: an 8192^3 bf16 matmul at ~790 TFLOP/s
+        assert flops / got.item() == pytest.approx(790e12, rel=0.01)
+
+
+def test_tiny_kernels_cost_the_launch_floor_and_memory_bound_ones_the_bandwidth():
+    g = _nodes([{"flops": 10.0, "bytes": 64.0, "dtype": "fp32", "category": "elementwise"},
+                {"flops": 2**28, "bytes": 3 * 2**30, "dtype": "fp32", "category": "elementwise"}])
+    t = prior.node_seconds(g["x"], g["x_cat"], H100)
+    assert t[0].item() == pytest.approx(TABLE["h100"]["launch_floor_s"])
+    assert t[1].item() == pytest.approx(3 * 2**30 / (3.35e12 * TABLE["h100"]["memory"]["peak_fraction"]), rel=1e-5)
+
+
+def test_cpu_fp32_matmuls_run_at_the_measured_gemm_rate_not_the_elementwise_rate():
+    node = _nodes([{"flops": 2.0 * 1024**3, "bytes": 3 * 4 * 1024.0**2, "dtype": "fp32"}])
+    cpu_s = prior.node_seconds(node["x"], node["x_cat"], CPU).item()
+    h100_s = prior.node_seconds(node["x"], node["x_cat"], H100).item()
+    gemm = HARDWARE["cpu"].flops_per_s["fp32"]
+    assert cpu_s == pytest.approx(2.0 * 1024**3 / (gemm * _efficiency(TABLE["cpu"]["gemm"]["fp32"], 2.0 * 1024**3)),
+                                  rel=1e-5)
+    assert cpu_s < 2.0 * 1024**3 / HARDWARE["cpu"].vector_flops_per_s / 5
+    assert 100 < cpu_s / h100_s < 10000  # tens of GFLOP/s against tens of TFLOP/s
+
+
+def test_phase_sums_and_log_node_ms_agree():
+    g = _nodes([{"flops": 2.0 * 1024**3, "bytes": 1e7, "dtype": "bf16", "tc": True, "phase": 0},
+                {"flops": 1e6, "bytes": 1e8, "dtype": "fp32", "category": "elementwise", "phase": 1},
+                {"flops": 1e7, "bytes": 1e9, "dtype": "fp32", "category": "optimizer", "phase": 2},
+                {"flops": 1e3, "bytes": 1e3, "dtype": "fp32", "category": "elementwise", "phase": 2}])
+    ms = prior.phase_ms(g, H100)
+    node_ms = prior.log_node_ms(g, H100).double().exp()
+    assert ms[:3] == pytest.approx([node_ms[0].item(), node_ms[1].item(), (node_ms[2] + node_ms[3]).item()],
+                                   rel=1e-5)
+    assert ms[3] == pytest.approx(ms[:3].sum())
+
+
+@pytest.fixture
+def no_h100_checkpoint(monkeypatch, tmp_path):
+    """A checkout without checkpoints/h100; graphs cached under tmp."""
+    def missing(hardware):
+        raise UserError(f"no {hardware} checkpoint is shipped yet")
+
+    monkeypatch.setattr(predict_mod, "default_checkpoint", missing)
+    monkeypatch.setenv("GNN_PTP_CACHE", str(tmp_path / "cache"))
+
+
+MLP = f"py:{PYMODELS}:mlp2"
+BIG = ["in_features=4096", "hidden=4096", "out_features=4096"]
+
+
+def test_a_matmul_bound_step_is_faster_in_bf16_than_tf32_and_fp32_by_about_the_rate_ratio(no_h100_checkpoint):
+    rows = {p.precision: p for p in predict_mod.predict_many(MLP, ["fp32", "tf32", "bf16"], 8192, overrides=BIG,
+                                                              use_disk_cache=False)}
+    assert all(p.source == "analytic-prior" for p in rows.values())
+    fwd = {k: p.forward_ms for k, p in rows.items()}
+    rates = HARDWARE["h100"].flops_per_s
+    eff = {d: H100.gemm_curve(d)(torch.tensor([2.0 * 8192 * 4096**2], dtype=torch.float64)).item()
+           for d in ("fp32", "tf32", "bf16")}
+    # the forward is two 275 GFLOP GEMMs plus small element-wise kernels: within 15 % of the GEMM ratio
+    assert fwd["fp32"] / fwd["bf16"] == pytest.approx(rates["bf16"] * eff["bf16"] / (rates["fp32"] * eff["fp32"]),
+                                                      rel=0.15)
+    assert fwd["tf32"] / fwd["bf16"] == pytest.approx(rates["bf16"] / rates["tf32"], rel=0.15)
+    assert rows["bf16"].iteration_ms < rows["tf32"].iteration_ms < rows["fp32"].iteration_ms
+
+
+def test_analytic_step_time_grows_with_batch_size(no_h100_checkpoint):
+    times = [predict_mod.predict_many(MLP, ["amp-bf16"], b, overrides=["in_features=1024", "hidden=2048"],
+                                      use_disk_cache=False)[0] for b in (64, 512, 4096, 32768)]
+    compute = [p.forward_ms + p.backward_ms for p in times]
+    assert compute == sorted(compute) and compute[-1] > 4 * compute[1]
+
+
+def test_a_checkpoint_still_wins_over_the_prior(monkeypatch, tmp_path):
+    """With a checkpoint for the hardware, predict never answers from the prior."""
+    seen = []
+    monkeypatch.setattr(predict_mod, "default_checkpoint", lambda hw: seen.append(hw) or tmp_path / "nope")
+    with pytest.raises(Exception):  # the (missing) checkpoint is loaded, not replaced by the prior
+        predict_mod.predict_many(MLP, ["fp32"], 8, hardware="h100")
+    assert seen == ["h100"]
+
+
+def test_cli_predicts_an_h100_analytically_with_a_warning(no_h100_checkpoint, capsys):
+    spec, sets = GPT2
+    args = ["predict", spec, *[a for s in sets for a in ("--set", s)], "--batch-size", "2", "--seq-len", "32",
+            "--hardware", "h100"]
+    assert cli.main(args + ["--precision", "all"]) == 0
+    out = capsys.readouterr().out
+    assert "ANALYTIC ESTIMATE" in out and "analytic estimate from the calibrated prior" in out
+    table = [line.split()[0] for line in out.splitlines() if line.split() and line.split()[0] in PRECISION_NAMES]
+    assert table == list(PRECISION_NAMES)
+    assert cli.main(args + ["--precision", "amp-bf16", "--gpus", "8", "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert row["source"] == "analytic-prior" and row["expected_error"]["summary"]
+    assert row["interconnect"] == "h100-nvswitch" and row["comm_total_ms"] > 0
+    assert row["iteration_ms"] >= row["compute_ms"] > 0
+    assert row["peak_memory_bytes"] > 0 and row["fits_in_memory"] is True  # analytic memory, no checkpoint needed
+
+
+def test_hardware_without_a_prior_or_checkpoint_is_still_one_clear_error(no_h100_checkpoint):
+    with pytest.raises(UserError, match="no cpu checkpoint"):
+        predict_mod.predict_many(MLP, ["fp32"], 8, hardware="cpu")
+
+
+# --- the prior as a node feature (ModelConfig.prior_feature, off by default) ------------------------------
+
+
+def test_the_prior_node_feature_is_off_by_default_and_changes_nothing_then():
+    from gnn_ptp.model import ModelConfig, StepTimeGNN
+
+    assert ModelConfig().prior_feature == ""
+    off, on = StepTimeGNN(ModelConfig(hidden=16, depth=1)), StepTimeGNN(ModelConfig(hidden=16, depth=1,
+                                                                                    prior_feature="cpu"))
+    assert on.node_in[0].in_features == off.node_in[0].in_features + 1
+
+
+def test_the_prior_node_feature_feeds_the_prior_log_time(monkeypatch):
+    from torch_geometric.data import Batch, Data
+
+    from gnn_ptp.model import ModelConfig, StepTimeGNN
+
+    g = _nodes([{"flops": 2.0 * 512**3, "bytes": 3e6, "dtype": "fp32", "phase": 0},
+                {"flops": 1e5, "bytes": 1e6, "dtype": "fp32", "category": "elementwise", "phase": 1}])
+    data = Data(x=g["x"], x_cat=g["x_cat"], phase=g["phase"], edge_index=torch.tensor([[0], [1]]),
+                edge_attr=torch.ones(1, 1), u=torch.zeros(1, _graph_features()), num_nodes=2)
+    model = StepTimeGNN(ModelConfig(hidden=16, depth=1, prior_feature="cpu")).eval()
+    seen = []
+    first = model.node_in[0]
+    monkeypatch.setattr(model.node_in, "0", _Spy(first, seen))
+    model(Batch.from_data_list([data]))
+    want = prior.log_node_ms(g, CPU)
+    torch.testing.assert_close(seen[0][:, -1], want)
+    with pytest.raises(UserError, match="prior_feature"):
+        ModelConfig(prior_feature="tpu")
+
+
+def _graph_features() -> int:
+    from gnn_ptp.graph import GRAPH_FEATURES
+
+    return GRAPH_FEATURES
+
+
+class _Spy(torch.nn.Module):
+    def __init__(self, inner, seen):
+        super().__init__()
+        self.inner, self.seen = inner, seen
+
+    def forward(self, x):
+        self.seen.append(x.detach())
+        return self.inner(x)
