@@ -32,9 +32,12 @@ from gnn_ptp import records  # noqa: E402
 from gnn_ptp.stats import noise  # noqa: E402
 
 
-def run_loop(mode: str, grid: Path, out: Path, limit: int, core: str) -> tuple[float, list[dict]]:
+def run_loop(loop: str, grid: Path, out: Path, limit: int, core: str) -> tuple[float, list[dict]]:
+    mode, _, variant = loop.partition("-")
     cmd = [sys.executable, "-m", "gnn_ptp", "collect", "--grid", str(grid), "--out", str(out), "--device", "cpu",
            "--threads", "1", "--mode", mode, "--limit", str(limit)]
+    if variant == "noprofile":
+        cmd += ["--profile", "none"]
     if core and _has_taskset():
         cmd = ["taskset", "-c", core, *cmd]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
@@ -67,17 +70,20 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--core", default="1", help="taskset core ('' for none)")
     p.add_argument("--json", help="write the summary here")
+    p.add_argument("--unprofiled", action="store_true",
+                   help="also run the harvest without profiles (--profile none): what the profiles cost")
     args = p.parse_args()
-    seconds = {"classic": [], "harvest": []}
-    rows = {"classic": [], "harvest": []}
+    loops = ["classic", "harvest"] + (["harvest-noprofile"] if args.unprofiled else [])
+    seconds = {loop: [] for loop in loops}
+    rows = {loop: [] for loop in loops}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
-            for mode in ("classic", "harvest") if r % 2 == 0 else ("harvest", "classic"):
+            for mode in loops if r % 2 == 0 else loops[::-1]:
                 s, got = run_loop(mode, Path(args.grid), Path(tmp) / f"{mode}-{r}" / "cpu", args.limit, args.core)
                 seconds[mode].append(s)
                 rows[mode] += got
                 print(f"round {r + 1} {mode}: {len(got)} records in {s:.1f} s", file=sys.stderr)
-    summary = [summarise(m, seconds[m], rows[m]) for m in ("classic", "harvest")]
+    summary = [summarise(m, seconds[m], rows[m]) for m in loops]
     medians = {m: {} for m in rows}
     for m in rows:
         for row in rows[m]:
@@ -92,12 +98,14 @@ def main() -> None:
 
     print(f"{_cpu_model()}, torch {torch.__version__}, one thread on core {args.core or 'any'}; "
           f"{args.limit} configurations of {Path(args.grid).name} x {args.rounds} rounds per loop")
-    print(f"{'loop':<9}{'records':>8}{'process s':>11}{'records/min':>13}{'timed share':>13}"
+    print(f"{'loop':<18}{'records':>8}{'process s':>11}{'records/min':>13}{'timed share':>13}"
           f"{'steps':>7}{'noise median':>14}{'noise p90':>11}")
     for s in summary:
-        print(f"{s['loop']:<9}{s['records']:>8}{s['process_s']:>11.1f}{s['records_per_min']:>13.1f}"
+        print(f"{s['loop']:<18}{s['records']:>8}{s['process_s']:>11.1f}{s['records_per_min']:>13.1f}"
               f"{s['timed_share']:>13.0%}{s['steps_median']:>7.0f}{s['noise_median']:>14.1%}{s['noise_p90']:>11.1%}")
     speedup = summary[1]["records_per_min"] / summary[0]["records_per_min"]
+    for s in summary[2:]:
+        print(f"{s['loop']} / classic records per minute: {s['records_per_min'] / summary[0]['records_per_min']:.1f}x")
     print(f"harvest / classic records per minute: {speedup:.1f}x (target >= 4x); noise ratio "
           f"{summary[1]['noise_median'] / summary[0]['noise_median']:.2f} (target <= 1); medians of the same "
           f"configuration apart: median {statistics.median(apart):.1%}, p90 "

@@ -90,6 +90,7 @@ NOT_IN_CI = {
     "python benchmarks/gpu_agreement.py --device cpu --small": ("benchmark: runs real steps (minutes)", "none"),
     "python benchmarks/trace.py": ("benchmark: timings in fresh processes (minutes)", "none"),
     "python benchmarks/ddp_gloo.py": ("benchmark: predicts 52 DDP records (minutes)", "none"),
+    "python benchmarks/harvest.py --limit 60 --rounds 2": ("benchmark: measures 240 records (~15 minutes)", "none"),
 }
 
 PYTHON_BLOCKS = ["python-api-block-1"]  # the Python API example: run, its rows checked
