@@ -49,7 +49,8 @@ def main() -> None:
         for r in load_records(path):
             if "ddp" not in r or not r["ddp"]:
                 single[config_key(r["config"])].append(r)
-    ddp = [r for path in sorted(data.glob("*.jsonl")) for r in load_records(path) if r.get("ddp")]
+    ddp = [r for path in sorted(data.glob("*.jsonl")) for r in load_records(path)
+           if r.get("ddp") and r["ddp"].get("parallel", "ddp") == "ddp"]  # FSDP records: benchmarks/fsdp_gloo.py
     profile = interconnect.load(args.interconnect)
 
     rows = []
