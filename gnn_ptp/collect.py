@@ -211,6 +211,35 @@ def make_optimizer(name: str, params):
     return torch.optim.AdamW(params, lr=1e-3, weight_decay=0.01)
 
 
+def training_step(model, workload, optimizer, scaler, precision, device: torch.device, losses: list | None = None):
+    """One training step as both collectors time it, ``step(timer, marks)``: zero_grad, forward + loss
+    under the class's autocast, backward (of the scaled loss under a GradScaler), optimizer step (through
+    the scaler), with ``timer.mark(marks)`` before, between and after the three phases. ``losses``, when
+    given, collects each step's loss (detached)."""
+    autocast = dict(device_type=device.type, dtype=precision.autocast_dtype or torch.float32,
+                    enabled=precision.uses_autocast)
+
+    def step(timer, marks: list) -> None:
+        timer.mark(marks)
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(**autocast):
+            output = model(*workload.args, **workload.kwargs)
+            loss = workload.loss_fn(output, **workload.targets)
+        timer.mark(marks)
+        (scaler.scale(loss) if scaler else loss).backward()
+        timer.mark(marks)
+        if scaler:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
+        timer.mark(marks)
+        if losses is not None:
+            losses.append(loss.detach())
+
+    return step
+
+
 def measure(config: dict, device: torch.device, cfg: CollectConfig, ddp: dict | None) -> dict:
     """Build and time one configuration. Returns the measurement part of its record."""
     start = time.perf_counter()
@@ -249,24 +278,7 @@ def measure(config: dict, device: torch.device, cfg: CollectConfig, ddp: dict | 
                 bucket_cap_mb=cfg.bucket_cap_mb)
         optimizer = make_optimizer(config["optimizer"], model.parameters())
         scaler = torch.amp.GradScaler(device.type) if precision.grad_scaler else None
-        autocast = dict(device_type=device.type, dtype=precision.autocast_dtype or torch.float32,
-                        enabled=precision.uses_autocast)
-
-        def step(timer: _StepTimer, marks: list) -> None:
-            timer.mark(marks)
-            optimizer.zero_grad(set_to_none=True)
-            with torch.autocast(**autocast):
-                output = model(*workload.args, **workload.kwargs)
-                loss = workload.loss_fn(output, **workload.targets)
-            timer.mark(marks)
-            (scaler.scale(loss) if scaler else loss).backward()
-            timer.mark(marks)
-            if scaler:
-                scaler.step(optimizer)
-                scaler.update()
-            else:
-                optimizer.step()
-            timer.mark(marks)
+        step = training_step(model, workload, optimizer, scaler, precision, device)
 
         with precision.backend_flags():
             built = time.perf_counter()

@@ -40,7 +40,8 @@ import torch
 
 from gnn_ptp import records
 from gnn_ptp.collect import (CollectConfig, _is_oom, _label, _proc_status, _Progress, _quantiles,
-                             _raise_keyboard_interrupt, _reset_cpu_peak, _StepTimer, make_optimizer, plan)
+                             _raise_keyboard_interrupt, _reset_cpu_peak, _StepTimer, make_optimizer, plan,
+                             training_step)
 from gnn_ptp.precision import get_precision
 from gnn_ptp.spec import ModelSpec, Shape, _cast_floats, build, family_of
 
@@ -196,26 +197,8 @@ def measure_record(workload, config: dict, device: torch.device, cfg: CollectCon
         baseline_rss = _reset_cpu_peak() if device.type == "cpu" else 0
         optimizer = make_optimizer(config["optimizer"], model.parameters())
         scaler = torch.amp.GradScaler(device.type) if precision.grad_scaler else None
-        autocast = dict(device_type=device.type, dtype=precision.autocast_dtype or torch.float32,
-                        enabled=precision.uses_autocast)
         losses: list[torch.Tensor] = []
-
-        def step(timer: _StepTimer, marks: list) -> None:
-            timer.mark(marks)
-            optimizer.zero_grad(set_to_none=True)
-            with torch.autocast(**autocast):
-                output = model(*workload.args, **workload.kwargs)
-                loss = workload.loss_fn(output, **workload.targets)
-            timer.mark(marks)
-            (scaler.scale(loss) if scaler else loss).backward()
-            timer.mark(marks)
-            if scaler:
-                scaler.step(optimizer)
-                scaler.update()
-            else:
-                optimizer.step()
-            timer.mark(marks)
-            losses.append(loss.detach())
+        step = training_step(model, workload, optimizer, scaler, precision, device, losses)
 
         with precision.backend_flags():
             warm = _StepTimer(device)
