@@ -202,6 +202,32 @@ def _is_oom(e: BaseException) -> bool:
     return "out of memory" in text or "can't allocate memory" in text or "cannot allocate memory" in text
 
 
+def failure(e: BaseException, prefix: str = "") -> dict:
+    """How a configuration ended when it raised: ``oom`` or ``error``, with the first line of why."""
+    return {"status": "oom" if _is_oom(e) else "error",
+            "error": f"{prefix}{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:500]}
+
+
+def timing_summary(durations: dict[str, list[float]], warmup_steps: int, warm_ms: list[float],
+                   device: torch.device) -> dict:
+    """A record's ``timing``: median, p10, p90, n, mean per phase and step, and how it was clocked."""
+    timing = {name: _quantiles(values) for name, values in durations.items()}
+    timing.update(warmup_steps=warmup_steps, warmup_step_ms=warm_ms,
+                  clock="cuda_events" if device.type == "cuda" else "perf_counter")
+    return timing
+
+
+def memory_label(device: torch.device, baseline_rss: int) -> dict:
+    """A record's ``memory``: CUDA's peak allocated and reserved bytes since the last reset, or on a CPU
+    the growth of the process's peak RSS over ``baseline_rss``."""
+    if device.type == "cuda":
+        return {"peak_bytes": torch.cuda.max_memory_allocated(device),
+                "peak_reserved_bytes": torch.cuda.max_memory_reserved(device), "kind": "cuda_max_memory_allocated"}
+    peak = _proc_status("VmHWM")
+    return {"peak_bytes": max(peak - baseline_rss, 0), "peak_rss_bytes": peak, "baseline_rss_bytes": baseline_rss,
+            "kind": "cpu_rss_high_water_mark"}
+
+
 def make_optimizer(name: str, params):
     """torch.optim with its defaults for the device (foreach on GPUs, single-tensor on CPUs)."""
     if name == "sgd":
@@ -310,24 +336,14 @@ def measure(config: dict, device: torch.device, cfg: CollectConfig, ddp: dict | 
                         break
             durations = timer.durations_ms()
             timed_s = time.perf_counter() - timed_start
-        result["timing"] = {name: _quantiles(values) for name, values in durations.items()}
-        result["timing"].update(warmup_steps=cfg.warmup_steps, warmup_step_ms=warm_ms,
-                                clock="cuda_events" if device.type == "cuda" else "perf_counter")
-        if device.type == "cuda":
-            result["memory"] = {"peak_bytes": torch.cuda.max_memory_allocated(device),
-                                "peak_reserved_bytes": torch.cuda.max_memory_reserved(device),
-                                "kind": "cuda_max_memory_allocated"}
-        else:
-            peak = _proc_status("VmHWM")
-            result["memory"] = {"peak_bytes": max(peak - baseline_rss, 0), "peak_rss_bytes": peak,
-                                "baseline_rss_bytes": baseline_rss, "kind": "cpu_rss_high_water_mark"}
+        result["timing"] = timing_summary(durations, cfg.warmup_steps, warm_ms, device)
+        result["memory"] = memory_label(device, baseline_rss)
         result["collector"] = {"build_s": round(built - start, 4), "overhead_s": round(overhead_s, 4),
                                "timed_s": round(timed_s, 4)}
     except KeyboardInterrupt:
         raise
     except BaseException as e:  # noqa: BLE001 - every failure is information, recorded and moved past
-        result["status"] = "oom" if _is_oom(e) else "error"
-        result["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:500]
+        result.update(failure(e))
         result.pop("timing", None)
     finally:
         del workload, model, optimizer, scaler

@@ -39,9 +39,9 @@ from dataclasses import dataclass, field
 import torch
 
 from gnn_ptp import records
-from gnn_ptp.collect import (CollectConfig, _is_oom, _label, _proc_status, _Progress, _quantiles,
-                             _raise_keyboard_interrupt, _reset_cpu_peak, _StepTimer, make_optimizer, plan,
-                             training_step)
+from gnn_ptp.collect import (CollectConfig, _is_oom, _label, _Progress, _raise_keyboard_interrupt,
+                             _reset_cpu_peak, _StepTimer, failure, make_optimizer, memory_label, plan,
+                             timing_summary, training_step)
 from gnn_ptp.precision import get_precision
 from gnn_ptp.spec import ModelSpec, Shape, _cast_floats, build, family_of
 
@@ -58,6 +58,9 @@ PROFILE_CAP = 0.25
 """Kept free at the end of a budget for writing the last record and exiting."""
 
 
+_IMPORTED_AT = time.perf_counter()
+
+
 def process_elapsed_s() -> float:
     """Seconds since this process started (imports included), from the kernel's start time."""
     try:
@@ -68,8 +71,6 @@ def process_elapsed_s() -> float:
     except (OSError, ValueError, IndexError):
         return time.perf_counter() - _IMPORTED_AT
 
-
-_IMPORTED_AT = time.perf_counter()
 
 
 def group_key(config: dict) -> tuple:
@@ -180,10 +181,6 @@ def _skip_reason(config: dict, floor: dict[tuple, int]) -> str | None:
     return None
 
 
-def _timing(durations: dict[str, list[float]]) -> dict:
-    return {name: _quantiles(values) for name, values in durations.items()}
-
-
 def measure_record(workload, config: dict, device: torch.device, cfg: CollectConfig, profiler=None) -> dict:
     """Time one precision class on a built model (already in the class's parameter dtype)."""
     precision = get_precision(config["precision"])
@@ -236,9 +233,7 @@ def measure_record(workload, config: dict, device: torch.device, cfg: CollectCon
                     result["flags"].append("profile_failed")
                     result["profile_error"] = f"{type(e).__name__}: {str(e)[:300]}"
                 profile_s = time.perf_counter() - p_start
-        result["timing"] = _timing(durations)
-        result["timing"].update(warmup_steps=cfg.warmup_steps, warmup_step_ms=warm_ms,
-                                clock="cuda_events" if device.type == "cuda" else "perf_counter")
+        result["timing"] = timing_summary(durations, cfg.warmup_steps, warm_ms, device)
         if scaler:
             skipped = round(math.log2(scale_before / scale_after)) if scale_after < scale_before else 0
             result["grad_scaler"] = {"scale_before": scale_before, "scale_after": scale_after,
@@ -247,14 +242,7 @@ def measure_record(workload, config: dict, device: torch.device, cfg: CollectCon
                 result["flags"].append("skipped_optimizer_steps")
         if not finite:
             result["flags"].append("nonfinite_loss")
-        if device.type == "cuda":
-            result["memory"] = {"peak_bytes": torch.cuda.max_memory_allocated(device),
-                                "peak_reserved_bytes": torch.cuda.max_memory_reserved(device),
-                                "kind": "cuda_max_memory_allocated"}
-        else:
-            peak = _proc_status("VmHWM")
-            result["memory"] = {"peak_bytes": max(peak - baseline_rss, 0), "peak_rss_bytes": peak,
-                                "baseline_rss_bytes": baseline_rss, "kind": "cpu_rss_high_water_mark"}
+        result["memory"] = memory_label(device, baseline_rss)
         result["collector"] = {"mode": "harvest", "timed_s": round(timed_s, 4), "profile_s": round(profile_s, 4)}
     except KeyboardInterrupt:
         raise
@@ -282,8 +270,7 @@ def _resident_bytes(model, optimizer, workload):
 
 
 def _failed(e: BaseException, prefix: str = "") -> dict:
-    return {"status": "oom" if _is_oom(e) else "error", "flags": [],
-            "error": f"{prefix}{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:500]}
+    return {**failure(e, prefix), "flags": []}
 
 
 def _build_on(config: dict, device: torch.device, param_dtype: torch.dtype):
