@@ -26,6 +26,11 @@ def main() -> None:
     ap.add_argument("--data", default="datasets/cpu")
     ap.add_argument("--interconnect", default="cpu-gloo")
     ap.add_argument("--json", help="also write the rows here")
+    ap.add_argument("--derived", action="store_true",
+                    help="time all-gathers and reduce-scatters from the all-reduce lines (as before they were "
+                         "measured), not from the profile's own measurements")
+    ap.add_argument("--no-overheads", action="store_true",
+                    help="leave out FSDP2's host overheads (calibrate-comm --fsdp's synthetic-stack figures)")
     args = ap.parse_args()
 
     from gnn_ptp import fsdp, interconnect
@@ -62,7 +67,10 @@ def main() -> None:
         step = fsdp.fsdp_step(med["forward_ms"] * slowdown, med["backward_ms"] * slowdown,
                               med["optimizer_ms"] * slowdown, blocks, profile.level(world), world,
                               param_bytes=param_bytes, mode=mode, overlap=profile.overlap,
-                              copy_ms=lambda b: profile.bucket_copy_ms(b, world))
+                              copy_ms=lambda b: profile.bucket_copy_ms(b, world),
+                              collective=None if args.derived else
+                              lambda kind, b: profile.collective_us(kind, b, world)[0],
+                              overheads=None if args.no_overheads else profile.fsdp_overheads(world))
         measured = r["timing"]["step_ms"]["median"]
         rows.append({"spec": c["spec"], "precision": c["precision"], "batch_size": c["batch_size"], "mode": mode,
                      "world_size": world, "blocks": len(blocks.block_params), "params": r["params"],

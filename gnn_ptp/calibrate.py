@@ -9,10 +9,13 @@ Two ways to run it:
 - on one machine, without torchrun: it starts ``--procs`` gloo worlds itself (e.g. 2 and 4 processes).
 
 What is measured: out-of-place-equivalent ``all_reduce`` of float32 tensors (sum) from ``--min-bytes``
-to ``--max-bytes`` in steps of 2x; for each size a few warm-up calls, then as many timed calls as fill
+to ``--max-bytes`` in steps of 2x (with ``--collectives``, also or instead ``all_gather_into_tensor`` and
+``reduce_scatter_tensor``, the sizes being the unsharded tensor's, as FSDP issues them); for each size a few warm-up calls, then as many timed calls as fill
 ``--min-time-s`` (the count agreed by all ranks), the time per call being the slowest rank's mean, as
 nccl-tests reports it. The alpha-beta line of ``comm.fit_fabric`` is fitted on sizes >= ``--fit-min-bytes``
-with every third size held out, and the held-out error is printed. The raw rows go into the profile.
+with every third size held out, and the held-out error is printed. The other collectives get two lines
+each (below ``--fit-min-bytes`` and from it up: FSDP's per-block messages are often small), stored beside
+the all-reduce levels. The raw rows go into the profile.
 """
 
 from __future__ import annotations
@@ -48,9 +51,21 @@ class CalibrateConfig:
     description: str = ""
     hardware: tuple[str, ...] = ()
     """Hardware labels (as in datasets/<hardware>) this profile is the default interconnect for."""
+    fsdp: bool = False
+    """Also measure FSDP2's host overheads on synthetic stacks (gnn_ptp/fsdp_overheads.py; one machine,
+    gloo, without torchrun)."""
+    collectives: tuple[str, ...] = ("all_reduce",)
+    """Which collectives to measure (all_reduce, all_gather, reduce_scatter). Fits of collectives not
+    measured now are kept from an existing ``--out``; the node-sharing figures come with all_reduce."""
 
     def validate(self) -> None:
-        """Before any process starts: the size range and the fit range."""
+        """Before any process starts: the size range, the fit range and the collectives."""
+        from gnn_ptp.interconnect import COLLECTIVES
+
+        bad = [c for c in self.collectives if c not in COLLECTIVES]
+        if bad or not self.collectives:
+            raise UserError(f"--collectives {','.join(self.collectives) or '(none)'}: allowed "
+                            f"{', '.join(COLLECTIVES)} (comma-separated)")
         self.sizes()
         if not self.min_bytes <= self.fit_min_bytes <= self.max_bytes:
             raise UserError(f"--fit-min-bytes {self.fit_min_bytes} is outside --min-bytes {self.min_bytes} .. "
@@ -68,6 +83,13 @@ class CalibrateConfig:
 
 def measure_allreduce(sizes: list[int], min_time_s: float, min_iters: int, warmup_iters: int) -> list[dict]:
     """Time ``all_reduce`` at every size in the current process group; every rank returns the same rows."""
+    return measure_collective("all_reduce", sizes, min_time_s, min_iters, warmup_iters)
+
+
+def measure_collective(kind: str, sizes: list[int], min_time_s: float, min_iters: int, warmup_iters: int) \
+        -> list[dict]:
+    """Time one collective at every size (the unsharded tensor's bytes) in the current process group, the
+    call count agreed by all ranks; every rank returns the same rows."""
     import torch
     import torch.distributed as dist
 
@@ -86,23 +108,35 @@ def measure_allreduce(sizes: list[int], min_time_s: float, min_iters: int, warmu
     rows = []
     world = dist.get_world_size()
     for nbytes in sizes:
-        buf = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
+        numel = max(world, nbytes // 4 // world * world)
+        buf = torch.ones(numel, dtype=torch.float32, device=device)
+        shard = torch.ones(numel // world, dtype=torch.float32, device=device)
+        if kind == "all_reduce":
+            def call():
+                dist.all_reduce(buf)
+        elif kind == "all_gather":
+            def call():
+                dist.all_gather_into_tensor(buf, shard)
+        else:
+            def call():
+                dist.reduce_scatter_tensor(shard, buf)
         for _ in range(warmup_iters):
-            dist.all_reduce(buf)
+            call()
         sync()
         dist.barrier()
         start = time.perf_counter()
-        dist.all_reduce(buf)
+        call()
         sync()
         probe_s = agree(time.perf_counter() - start)
         iters = int(agree(max(min_iters, math.ceil(min_time_s / max(probe_s, 1e-6)))))
         dist.barrier()
         start = time.perf_counter()
         for _ in range(iters):
-            dist.all_reduce(buf)
+            call()
         sync()
         per_call_us = agree((time.perf_counter() - start) / iters * 1e6)
-        rows.append({"gpus": world, "message_bytes": nbytes, "time_us": per_call_us, "iters": iters})
+        rows.append({"gpus": world, "message_bytes": nbytes, "time_us": per_call_us, "iters": iters,
+                     "collective": kind})
     return rows
 
 
@@ -160,10 +194,15 @@ def _spawned_world(rank: int, world: int, init_file: str, out_file: str, cfg: Ca
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(minutes=10))
     try:
-        sharing = measure_node_sharing()
-        rows = measure_allreduce(cfg.sizes(), cfg.min_time_s, cfg.min_iters, cfg.warmup_iters)
+        sharing = measure_node_sharing() if "all_reduce" in cfg.collectives else None
+        rows = _measure_all(cfg)
+        stacks = None
+        if cfg.fsdp:
+            from gnn_ptp import fsdp_overheads
+
+            stacks = fsdp_overheads.measure()
         if rank == 0:
-            Path(out_file).write_text(json.dumps({"rows": rows, "sharing": sharing}))
+            Path(out_file).write_text(json.dumps({"rows": rows, "sharing": sharing, "fsdp_stacks": stacks}))
     finally:
         dist.destroy_process_group()
 
@@ -173,7 +212,7 @@ def _run_local(cfg: CalibrateConfig) -> list[dict]:
 
     import torch.multiprocessing as mp
 
-    rows, sharing = [], {}
+    rows, sharing, stacks = [], {}, {}
     for world in cfg.procs:
         if world < 2:
             raise UserError(f"--procs {world}: an all-reduce needs at least 2 processes")
@@ -183,11 +222,48 @@ def _run_local(cfg: CalibrateConfig) -> list[dict]:
                                start_method="spawn")
             got = json.loads(Path(out_file).read_text())
         rows += got["rows"]
-        sharing[str(world)] = got["sharing"]
-        print(f"measured {world} gloo processes on this machine: compute "
-              f"{got['sharing']['compute_slowdown']:.2f}x slower than alone, copies at "
-              f"{got['sharing']['copy_GBps']:.1f} GB/s a rank", flush=True)
-    return rows, sharing
+        if got.get("fsdp_stacks"):
+            stacks[world] = got["fsdp_stacks"]
+        if got["sharing"] is not None:
+            sharing[str(world)] = got["sharing"]
+            print(f"measured {world} gloo processes on this machine: compute "
+                  f"{got['sharing']['compute_slowdown']:.2f}x slower than alone, copies at "
+                  f"{got['sharing']['copy_GBps']:.1f} GB/s a rank", flush=True)
+    return rows, sharing, stacks
+
+
+def _measure_all(cfg: CalibrateConfig) -> list[dict]:
+    rows = []
+    for kind in cfg.collectives:
+        rows += measure_collective(kind, cfg.sizes(), cfg.min_time_s, cfg.min_iters, cfg.warmup_iters)
+    return rows
+
+
+def _fit_collectives(rows: list[dict], world: int, level: str, cfg: CalibrateConfig, backend: str,
+                     max_gpus: int | None) -> dict:
+    """{kind: {level: [Fabric]}} for the measured all-gather and reduce-scatter rows at ``world`` ranks: two
+    lines split at ``--fit-min-bytes`` (the small-message line from ``--min-bytes``)."""
+    from gnn_ptp import comm
+
+    out = {}
+    for kind in ("all_gather", "reduce_scatter"):
+        sel = [{**r, "source": f"gnn-ptp calibrate-comm ({backend} {kind})", "fabric": level}
+               for r in rows if r.get("collective") == kind and r["gpus"] == world]
+        if not sel:
+            continue
+        split = cfg.fit_min_bytes if cfg.min_bytes < cfg.fit_min_bytes else None
+        args = dict(gpus=world, max_gpus=max_gpus, fit_range_bytes=(cfg.min_bytes, cfg.max_bytes))
+        try:
+            fit = comm.fit_fabric(f"{level}-{kind}-{world}", f"{kind}, {world} ranks", sel, **args,
+                                  algorithm=f"{backend} {kind} (fitted lines)", split_bytes=split)
+        except ValueError:  # small messages all latency (no slope below the split): one line for all sizes
+            try:
+                fit = comm.fit_fabric(f"{level}-{kind}-{world}", f"{kind}, {world} ranks", sel, **args,
+                                      algorithm=f"{backend} {kind} (fitted line)")
+            except ValueError as e:
+                raise UserError(f"{e}; measure larger messages (--max-bytes) or longer (--min-time-s)") from None
+        out[kind] = {level: [fit]}
+    return out
 
 
 def _environment(backend: str, world: int, nodes: int) -> dict:
@@ -217,25 +293,41 @@ def _fit(rows: list[dict], world: int, level_name: str, cfg: CalibrateConfig, al
 
 
 def _merge(cfg: CalibrateConfig, intra: list, inter: list, rows: list[dict], env: dict, gpus_per_node: int,
-           overlap: bool, compute_slots: int | None, sharing: dict | None = None):
+           overlap: bool, compute_slots: int | None, sharing: dict | None = None, collectives: dict | None = None):
     from gnn_ptp import interconnect
 
     name = cfg.name or cfg.out.stem
     old = check_out(cfg)
-    if old is not None:  # keep what was measured before: fits at other world sizes, their rows
-        new_sizes = {(r["gpus"], "inter" if inter else "intra") for r in rows}
-        intra = [f for f in old.intra if (f.measured_gpus, "intra") not in new_sizes] + intra
-        inter = [f for f in old.inter if (f.measured_gpus, "inter") not in new_sizes] + inter
-        kept = [r for r in old.measurements if (r["gpus"], r.get("level", "intra")) not in new_sizes]
+    collectives = collectives or {}
+    reduce_measured = any(r.get("collective", "all_reduce") == "all_reduce" for r in rows)
+    if old is not None:  # keep what was measured before: fits at other world sizes or of other collectives
+        new = {(r["gpus"], r.get("level", "intra"), r.get("collective", "all_reduce")) for r in rows}
+        intra = [f for f in old.intra if (f.measured_gpus, "intra", "all_reduce") not in new] + intra
+        inter = [f for f in old.inter if (f.measured_gpus, "inter", "all_reduce") not in new] + inter
+        kept = [r for r in old.measurements
+                if (r["gpus"], r.get("level", "intra"), r.get("collective", "all_reduce")) not in new]
         rows = kept + rows
+        for kind, levels in old.collectives.items():
+            for level, fits in levels.items():
+                keep = [f for f in fits if (f.measured_gpus, level, kind) not in new]
+                collectives.setdefault(kind, {}).setdefault(level, [])
+                collectives[kind][level] = keep + list(collectives[kind][level])
         gpus_per_node = max(gpus_per_node, old.gpus_per_node)
         sharing = {**old.node_sharing, **(sharing or {})}
+        if not reduce_measured:  # the all-reduce's environment stays; this run's is kept beside it
+            env = {**old.env, "collectives_env": env}
+    elif not intra and not inter:
+        raise UserError(f"--collectives {','.join(cfg.collectives)}: a new profile needs the all-reduce too; "
+                        "add all_reduce (or extend an existing --out profile)")
+    collectives = {kind: {level: tuple(sorted(fits, key=lambda f: f.measured_gpus)) for level, fits in levels.items()}
+                   for kind, levels in collectives.items()}
     return interconnect.Interconnect(
         name=name, description=cfg.description or f"calibrated on {env.get('host', '?')} ({env['backend']})",
         gpus_per_node=gpus_per_node, intra=tuple(sorted(intra, key=lambda f: f.measured_gpus)),
         inter=tuple(sorted(inter, key=lambda f: f.measured_gpus)), overlap=overlap, compute_slots=compute_slots,
         source="gnn-ptp calibrate-comm", env=env, measurements=tuple(rows), node_sharing=sharing or {},
-        hardware=tuple(cfg.hardware) or (old.hardware if old is not None else ()))
+        hardware=tuple(cfg.hardware) or (old.hardware if old is not None else ()), collectives=collectives,
+        fsdp=dict(old.fsdp) if old is not None else {})
 
 
 def check_out(cfg: CalibrateConfig):
@@ -266,6 +358,9 @@ def calibrate(cfg: CalibrateConfig):
     if cfg.fit_min_bytes > cfg.max_bytes:
         raise UserError(f"--fit-min-bytes {cfg.fit_min_bytes} is above --max-bytes {cfg.max_bytes}")
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        if cfg.fsdp:
+            raise UserError("--fsdp measures on one machine: run it without torchrun (it starts --procs gloo "
+                            "processes itself)")
         import torch
         import torch.distributed as dist
 
@@ -277,7 +372,7 @@ def calibrate(cfg: CalibrateConfig):
             world = dist.get_world_size()
             per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world))
             nodes = max(1, world // per_node)
-            rows = measure_allreduce(cfg.sizes(), cfg.min_time_s, cfg.min_iters, cfg.warmup_iters)
+            rows = _measure_all(cfg)
             if dist.get_rank() != 0:
                 return None
         finally:
@@ -285,19 +380,34 @@ def calibrate(cfg: CalibrateConfig):
         level = "intra" if nodes == 1 else "inter"
         rows = [{**r, "level": level} for r in rows]
         algorithm = f"{backend} (fitted line)"
-        fit = _fit(rows, world, level, cfg, algorithm, per_node if nodes == 1 else None)
+        reduce_rows = [r for r in rows if r["collective"] == "all_reduce"]
+        fit = _fit(reduce_rows, world, level, cfg, algorithm, per_node if nodes == 1 else None) \
+            if reduce_rows else None
         env = _environment(backend, world, nodes)
         cpu = backend == "gloo"
-        profile = _merge(cfg, [fit] if nodes == 1 else [], [fit] if nodes > 1 else [], rows, env, per_node,
-                         overlap=not cpu, compute_slots=env["cpu_count"] if cpu else None)
+        fits = [fit] if fit is not None else []
+        profile = _merge(cfg, fits if nodes == 1 else [], fits if nodes > 1 else [], rows, env, per_node,
+                         overlap=not cpu, compute_slots=env["cpu_count"] if cpu else None,
+                         collectives=_fit_collectives(rows, world, level, cfg, backend,
+                                                      per_node if nodes == 1 else None))
     else:
-        rows, sharing = _run_local(cfg)
+        rows, sharing, stacks = _run_local(cfg)
         rows = [{**r, "level": "intra"} for r in rows]
         env = _environment("gloo", max(cfg.procs), 1)
-        fits = [_fit([r for r in rows if r["gpus"] == w], w, "gloo-loopback", cfg, "gloo (fitted line)", None)
-                for w in cfg.procs]
+        fits = [_fit([r for r in rows if r["gpus"] == w and r["collective"] == "all_reduce"], w, "gloo-loopback",
+                     cfg, "gloo (fitted line)", None)
+                for w in cfg.procs] if "all_reduce" in cfg.collectives else []
+        collectives: dict = {}
+        for w in cfg.procs:
+            for kind, levels in _fit_collectives(rows, w, "intra", cfg, "gloo", None).items():
+                collectives.setdefault(kind, {}).setdefault("intra", []).extend(levels["intra"])
         profile = _merge(cfg, fits, [], rows, env, max(cfg.procs), overlap=False, compute_slots=env["cpu_count"],
-                         sharing=sharing)
+                         sharing=sharing, collectives=collectives)
+        if cfg.fsdp:
+            from gnn_ptp import fsdp_overheads
+
+            measured = {str(w): {**fsdp_overheads.fit(raw, profile, w), "raw": raw} for w, raw in stacks.items()}
+            profile = dataclasses.replace(profile, fsdp={**profile.fsdp, **measured})
     interconnect.write(profile, cfg.out)
     return profile
 
@@ -314,9 +424,22 @@ def format_profile(profile) -> str:
                      f"alone (measured), memory copies at {sh['copy_GBps']:.1f} GB/s a rank")
     for level, fits in (("intra-node", profile.intra), ("inter-node", profile.inter)):
         for f in fits:
-            rows = [r for r in profile.measurements if r["gpus"] == f.measured_gpus]
+            rows = [r for r in profile.measurements if r["gpus"] == f.measured_gpus
+                    and r.get("collective", "all_reduce") == "all_reduce"]
             lines.append(f"  {level} fit at {f.measured_gpus} ranks:")
             lines += ["    " + line for line in comm.describe_fabric(f, rows)]
+    for ranks, ov in sorted(profile.fsdp.items(), key=lambda kv: int(kv[0])):
+        lines.append(f"  FSDP2 host overheads at {ranks} ranks (synthetic stacks): {ov['unit_forward_ms']:.2f} ms "
+                     f"forward and {ov['unit_backward_ms']:.2f} ms backward per unit, "
+                     f"{ov['optimizer_tensor_ms'] * 1e3:.0f} us optimizer per parameter tensor")
+    for kind, levels in sorted(profile.collectives.items()):
+        for level, fits in sorted(levels.items()):
+            for f in fits:
+                rows = [r for r in profile.measurements if r["gpus"] == f.measured_gpus
+                        and r.get("collective") == kind and r.get("level", "intra") == level]
+                lines.append(f"  {kind} ({level}-node) fit at {f.measured_gpus} ranks "
+                             "(times of the unsharded tensor's size):")
+                lines += ["    " + line for line in comm.describe_fabric(f, rows)]
     return "\n".join(lines)
 
 

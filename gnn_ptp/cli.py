@@ -463,6 +463,11 @@ def add_calibrate_parser(sub) -> None:
     p.add_argument("--description", help="what this profile is (hosts, network)")
     p.add_argument("--hardware", type=lambda s: tuple(x for x in s.split(",") if x),
                    help="hardware labels this profile is the default for (comma-separated, e.g. cpu)")
+    p.add_argument("--collectives", type=lambda s: tuple(x for x in s.split(",") if x),
+                   help="collectives to measure, comma-separated: all_reduce (default), all_gather, "
+                        "reduce_scatter (FSDP's); fits of the others already in --out are kept")
+    p.add_argument("--fsdp", action="store_true", default=None,
+                   help="also measure FSDP2's host overheads on synthetic stacks (one machine, gloo)")
     p.set_defaults(run=run_calibrate)
 
 
@@ -495,6 +500,9 @@ def add_predict_parser(sub) -> None:
                    help="micro-steps per optimizer step; DDP all-reduces once per optimizer step (default 1)")
     p.add_argument("--grad-compression", choices=["none", "fp16", "bf16"], default="none",
                    help="DDP communication hook that all-reduces fp32 gradients in half precision")
+    p.add_argument("--parallel", default="ddp",
+                   help="how --gpus share the model: ddp (default, replicated), fsdp (FSDP2 full sharding, "
+                        "ZeRO-3), fsdp-no-reshard (ZeRO-2-like) or auto (the fastest that fits in memory)")
     p.add_argument("--hardware", default="h100", help="which shipped checkpoint: h100 (default), cpu, ...")
     p.add_argument("--checkpoint", help="checkpoint folder (overrides --hardware)")
     p.add_argument("--steps", type=_positive_int, help="steps in the job: prints the job's time")
@@ -519,7 +527,7 @@ def run_predict(args) -> int:
                          image_size=args.image_size, gpus=args.gpus, nodes=args.nodes,
                          interconnect=args.interconnect, bucket_cap_mb=args.bucket_cap_mb,
                          grad_accum=args.grad_accum, grad_compression=args.grad_compression,
-                         hardware=args.hardware,
+                         parallel=args.parallel, hardware=args.hardware,
                          checkpoint=args.checkpoint, optimizer=args.optimizer, overrides=args.overrides,
                          task=args.task, steps=args.steps, epochs=args.epochs, dataset_size=args.dataset_size,
                          gpu_hour_cost=args.gpu_hour_cost, use_disk_cache=not args.no_cache)

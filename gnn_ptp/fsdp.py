@@ -37,10 +37,35 @@ class Blocks:
     root_params: int
     stack: str | None
     """Path of the ModuleList whose children are the blocks (None: the whole model is one block)."""
+    tensors: int = 0
+    """Parameter tensors of the whole model (each a sharded DTensor the optimizer steps one by one)."""
+
+    @property
+    def units(self) -> int:
+        """Wrapped units: the blocks, and the root where it keeps parameters of its own."""
+        return len(self.block_params) + (1 if self.root_params or not self.block_params else 0)
 
     @property
     def total(self) -> int:
         return sum(self.block_params) + self.root_params
+
+
+@dataclass(frozen=True)
+class Overheads:
+    """FSDP2's own host costs beyond its collectives and flat-buffer copies, measured by ``gnn-ptp
+    calibrate-comm --fsdp`` on synthetic stacks (hooks, DTensor bookkeeping, stream waits). Zero where not
+    measured: on GPUs they run ahead of the kernels and hide, except for the smallest models."""
+
+    unit_forward_ms: float = 0.0
+    """Per wrapped unit, forward."""
+    unit_backward_ms: float = 0.0
+    """Per wrapped unit, backward (its gather and its reduce-scatter's bookkeeping)."""
+    optimizer_tensor_ms: float = 0.0
+    """Per parameter tensor, the optimizer step on a sharded DTensor over the same step on a plain one."""
+
+    def to_dict(self) -> dict:
+        return {"unit_forward_ms": self.unit_forward_ms, "unit_backward_ms": self.unit_backward_ms,
+                "optimizer_tensor_ms": self.optimizer_tensor_ms}
 
 
 def find_blocks(model: torch.nn.Module) -> Blocks:
@@ -54,11 +79,12 @@ def find_blocks(model: torch.nn.Module) -> Blocks:
             if params > best_params:
                 best, best_params = (name, module), params
     total = sum(p.numel() for p in model.parameters())
+    tensors = sum(1 for _ in model.parameters())
     if best is None:
-        return Blocks([], total, None)
+        return Blocks([], total, None, tensors)
     name, stack = best
     blocks = [sum(p.numel() for p in m.parameters()) for m in stack]
-    return Blocks(blocks, total - sum(blocks), name)
+    return Blocks(blocks, total - sum(blocks), name, tensors)
 
 
 def collective_us(fabric, kind: str, message_bytes: float, gpus: int) -> float:
@@ -94,21 +120,29 @@ class FSDPStep:
 
 def fsdp_step(forward_ms: float, backward_ms: float, optimizer_ms: float, blocks: Blocks, fabric, gpus: int,
               param_bytes: int, reduce_bytes: int | None = None, mode: str = "fsdp", overlap: bool = True,
-              copy_ms=None) -> FSDPStep:
+              copy_ms=None, collective=None, overheads: "Overheads | None" = None) -> FSDPStep:
     """The step time of FSDP over ``gpus`` ranks of ``fabric``, from one GPU's phase times (each rank runs
     the whole batch it is given: pass the per-rank batch's times). ``overlap=False`` (ranks sharing CPU
     cores, gloo) runs every collective on the compute thread; ``copy_ms(bytes)``, where given, is the cost
-    of copying a collective's tensor into and out of its flat buffer, on the compute thread."""
+    of copying a collective's tensor into and out of its flat buffer, on the compute thread.
+    ``collective(kind, bytes) -> us``, where given, times the collectives (an interconnect profile's
+    measured all-gather and reduce-scatter: ``Interconnect.collective_us``) instead of ``fabric``'s
+    all-reduce split."""
     if mode not in MODES:
         raise ValueError(f"mode is {mode!r}: one of {', '.join(MODES)}")
     reduce_bytes = param_bytes if reduce_bytes is None else reduce_bytes
     units = [blocks.root_params] + blocks.block_params if blocks.root_params else list(blocks.block_params)
     units = [u for u in units if u > 0] or [max(blocks.total, 1)]
     total = float(sum(units))
-    fwd = [forward_ms * u / total for u in units]
-    bwd = [backward_ms * u / total for u in units]
-    ag = [collective_us(fabric, "all_gather", u * param_bytes, gpus) / 1e3 for u in units]
-    rs = [collective_us(fabric, "reduce_scatter", u * reduce_bytes, gpus) / 1e3 for u in units]
+    ov = overheads or Overheads()
+    fwd = [forward_ms * u / total + ov.unit_forward_ms for u in units]
+    bwd = [backward_ms * u / total + ov.unit_backward_ms for u in units]
+    host_ms = len(units) * (ov.unit_forward_ms + ov.unit_backward_ms) + blocks.tensors * ov.optimizer_tensor_ms
+    if collective is None:
+        def collective(kind, nbytes):
+            return collective_us(fabric, kind, nbytes, gpus)
+    ag = [collective("all_gather", u * param_bytes) / 1e3 for u in units]
+    rs = [collective("reduce_scatter", u * reduce_bytes) / 1e3 for u in units]
     copies = 0.0
     if copy_ms is not None:
         copies = sum(copy_ms(u * param_bytes) * (2 if mode == "fsdp" else 1) + copy_ms(u * reduce_bytes)
@@ -116,7 +150,7 @@ def fsdp_step(forward_ms: float, backward_ms: float, optimizer_ms: float, blocks
     if not overlap:  # collectives and copies on the compute thread, one after another
         ag_total = sum(ag) * (2 if mode == "fsdp" else 1)
         compute = forward_ms + backward_ms + optimizer_ms / gpus
-        exposed = ag_total + sum(rs) + copies
+        exposed = ag_total + sum(rs) + copies + host_ms
         return FSDPStep(mode, gpus, len(blocks.block_params), compute, ag_total, sum(rs), exposed, compute + exposed)
 
     # forward: the comm stream gathers block i+1 once block i has started computing (one block prefetched)
@@ -146,7 +180,7 @@ def fsdp_step(forward_ms: float, backward_ms: float, optimizer_ms: float, blocks
         comm_free = max(comm_free, compute_end) + rs[i]
     backward_end = max(compute_end, comm_free)
     optimizer_sharded = optimizer_ms / gpus
-    iteration = backward_end + optimizer_sharded
+    iteration = backward_end + optimizer_sharded + blocks.tensors * ov.optimizer_tensor_ms
     compute = forward_ms + backward_ms + optimizer_sharded
     ag_total = sum(ag) * (2 if mode == "fsdp" else 1)
     iteration += copies

@@ -33,6 +33,8 @@ from gnn_ptp.comm import GPUS_PER_NODE, Fabric, fabrics
 from gnn_ptp.errors import UserError
 
 SCHEMA = 1
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
+"""What ``calibrate-comm --collectives`` measures; the all-reduce lines are the profile's levels."""
 PACKAGED_DIR = "interconnects"
 """Profiles shipped as package data (gnn_ptp/interconnects/*.json), besides the two built from the CSV."""
 
@@ -87,6 +89,27 @@ class Interconnect:
     """Measured by calibrate-comm on one machine, per rank count (str): ``compute_slowdown`` (a rank's
     reference work, all ranks busy vs alone) and ``copy_GBps`` (a rank's memory-copy bandwidth, all
     ranks copying). Where present, they replace ranks / compute_slots and add DDP's two gradient copies."""
+    collectives: dict = field(default_factory=dict)
+    """Lines measured for other collectives than the all-reduce (``calibrate-comm --collectives``):
+    ``{"all_gather" | "reduce_scatter": {"intra": (Fabric, ...), "inter": (...)}}``, each an alpha-beta
+    line fitted through that collective's own times at the unsharded tensor size (its ``busbw_GBps`` is in
+    all-reduce units: ``Fabric.allreduce_us`` of it is the collective's time). Where none is measured for a
+    level, ``collective_us`` derives it from the all-reduce (NCCL's ring: half the latency, half the bytes)."""
+
+    fsdp: dict = field(default_factory=dict)
+    """FSDP2's host overheads measured on synthetic stacks (``calibrate-comm --fsdp``), per rank count on
+    one node (str): ``fsdp.Overheads`` fields and the stacks' residuals. Empty: none (GPU profiles)."""
+
+    def fsdp_overheads(self, gpus: int, nodes: int | None = None):
+        """``fsdp.Overheads`` measured at the nearest rank count per node, or None."""
+        from gnn_ptp.fsdp import Overheads
+
+        if not self.fsdp or gpus < 2:
+            return None
+        per_node = gpus // self.nodes_for(gpus, nodes)
+        key = min(self.fsdp, key=lambda k: (abs(math.log2(int(k)) - math.log2(per_node)), -int(k)))
+        d = self.fsdp[key]
+        return Overheads(d["unit_forward_ms"], d["unit_backward_ms"], d["optimizer_tensor_ms"])
 
     def nodes_for(self, gpus: int, nodes: int | None = None) -> int:
         if nodes is None:
@@ -128,6 +151,31 @@ class Interconnect:
         return AllReduceTime(message_bytes, gpus, nodes, t_us, algbw, algbw * 2 * (gpus - 1) / gpus,
                              algorithm, fabric.name, self.name, fabric.is_measured(gpus))
 
+    def collective_us(self, kind: str, message_bytes: float, gpus: int, nodes: int | None = None) \
+            -> tuple[float, bool]:
+        """(time, measured) of one all-gather or reduce-scatter whose unsharded tensor is ``message_bytes``
+        over ``gpus`` ranks: at a measured world size and inside the measured sizes, interpolated between
+        this collective's own measured rows; else from its fitted lines (the nearest world size's); both
+        measured True. Where the profile has neither, derived from the all-reduce line (see
+        ``collectives``; measured False)."""
+        if kind not in COLLECTIVES[1:]:
+            raise ValueError(f"kind is {kind!r}: one of {', '.join(COLLECTIVES[1:])}")
+        if gpus <= 1 or message_bytes <= 0:
+            return 0.0, True
+        given, nodes = nodes, self.nodes_for(gpus, nodes)
+        level = "intra" if nodes == 1 else "inter"
+        rows = sorted((r["message_bytes"], r["time_us"]) for r in self.measurements
+                      if r.get("collective") == kind and r["gpus"] == gpus and r.get("level", "intra") == level)
+        if len(rows) >= 2 and rows[0][0] <= message_bytes <= rows[-1][0]:
+            return _interpolate(rows, message_bytes), True
+        fits = self.collectives.get(kind, {}).get(level, ())
+        if fits:
+            fit = min(fits, key=lambda f: (abs(math.log2(f.measured_gpus) - math.log2(gpus)), -f.measured_gpus))
+            return fit.allreduce_us(message_bytes, gpus), True
+        fabric = self.level(gpus, given)
+        return min(fabric.alpha_us_at(gpus, alpha) / 2 + (gpus - 1) / gpus * message_bytes / (busbw * 1e3)
+                   for _, alpha, busbw in fabric.lines()), False
+
     def compute_slowdown(self, gpus: int, nodes: int | None = None) -> float:
         """How much slower each rank computes because ranks share a node's compute (CPUs only)."""
         per_node = gpus // self.nodes_for(gpus, nodes)
@@ -154,6 +202,8 @@ class Interconnect:
         d["schema"] = SCHEMA
         d["intra"] = [f.to_dict() for f in self.intra]
         d["inter"] = [f.to_dict() for f in self.inter]
+        d["collectives"] = {kind: {level: [f.to_dict() for f in fits] for level, fits in levels.items()}
+                            for kind, levels in self.collectives.items()}
         return d
 
     @classmethod
@@ -165,7 +215,24 @@ class Interconnect:
         d["inter"] = tuple(Fabric.from_dict(f) for f in d.get("inter", ()))
         d["hardware"] = tuple(d.get("hardware", ()))
         d["measurements"] = tuple(d.get("measurements", ()))
+        d["collectives"] = {kind: {level: tuple(Fabric.from_dict(f) for f in fits) for level, fits in levels.items()}
+                            for kind, levels in d.get("collectives", {}).items()}
+        unknown = set(d["collectives"]) - set(COLLECTIVES[1:])
+        if unknown:
+            raise ValueError(f"unknown collectives {sorted(unknown)}: allowed {', '.join(COLLECTIVES[1:])}")
         return cls(**d)
+
+
+def _interpolate(rows: list[tuple[float, float]], x: float) -> float:
+    """Piecewise-linear in log-log between the measured (size, time) rows around ``x`` (inside their range):
+    a measured world size answers from its own table, where caches make the time far from one line."""
+    for (x0, y0), (x1, y1) in zip(rows, rows[1:]):
+        if x0 <= x <= x1:
+            if x1 == x0:
+                return y0
+            w = (math.log(x) - math.log(x0)) / (math.log(x1) - math.log(x0))
+            return math.exp(math.log(y0) + w * (math.log(y1) - math.log(y0)))
+    raise ValueError(f"{x} is outside the measured sizes {rows[0][0]} .. {rows[-1][0]}")
 
 
 def builtin() -> dict[str, Interconnect]:

@@ -97,6 +97,13 @@ class Prediction:
     calibrated physical prior of gnn_ptp/prior.py alone)."""
     expected_error: dict = field(default_factory=dict)
     """For an analytic-prior prediction: the expected error of the step time and how it was derived."""
+    parallel: str = "ddp"
+    """How the GPUs share the model: ddp (replicated), fsdp (FSDP2 full sharding, ZeRO-3) or
+    fsdp-no-reshard (ZeRO-2-like); for --parallel auto, the mode it chose."""
+    memory_per_gpu_bytes: float | None = None
+    """Peak allocated bytes on one GPU under ``parallel`` (sharded floor + working set under FSDP)."""
+    parallel_options: list[dict] = field(default_factory=list)
+    """Under --parallel auto: every mode's iteration_ms, memory per GPU, device bytes and fit."""
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -278,6 +285,9 @@ def _top_ops(log_node_ms: torch.Tensor, data, k: int = 5) -> list[dict]:
     return [{"op": op, "ms": ms} for op, ms in sorted(per_op.items(), key=lambda kv: -kv[1])[:k]]
 
 
+PARALLEL_MODES = ("ddp", "fsdp", "fsdp-no-reshard", "auto")
+
+
 @dataclass
 class DataParallel:
     """How the step is spread: data-parallel ranks, nodes, interconnect, DDP settings."""
@@ -290,8 +300,16 @@ class DataParallel:
     grad_accum: int = 1
     grad_compression: str = "none"
     """none, fp16 or bf16: DDP's fp16/bf16 compress hook all-reduces fp32 gradients at half the bytes."""
+    parallel: str = "ddp"
+    """ddp, fsdp, fsdp-no-reshard, or auto (the fastest of them that fits in memory)."""
 
     def validate(self) -> None:
+        if self.parallel not in PARALLEL_MODES:
+            raise UserError(f"--parallel {self.parallel!r}: one of {', '.join(PARALLEL_MODES)}")
+        if self.parallel.startswith("fsdp") and self.gpus < 2:
+            raise UserError(f"--parallel {self.parallel} shards over ranks: give --gpus 2 or more")
+        if self.parallel.startswith("fsdp") and self.grad_compression != "none":
+            raise UserError(f"--grad-compression is a DDP communication hook: not with --parallel {self.parallel}")
         if self.gpus < 1:
             raise UserError(f"--gpus must be at least 1, got {self.gpus}")
         if self.grad_accum < 1:
@@ -338,6 +356,84 @@ def _allreduce(profile, dp: DataParallel, tensors: dict, log_node_ms: torch.Tens
     return ddp, notes
 
 
+def _fsdp_blocks(parsed, shape: Shape, precision: str):
+    """How FSDP would wrap the model (gnn_ptp/fsdp.find_blocks), from the model built on meta."""
+    from gnn_ptp.fsdp import find_blocks
+    from gnn_ptp.spec import build
+
+    if parsed not in _BLOCKS:  # the blocks' parameter counts depend on neither shape nor dtype
+        workload = build(parsed, shape, "meta", get_precision(precision).param_dtype)
+        _BLOCKS[parsed] = find_blocks(workload.model)
+    return _BLOCKS[parsed]
+
+
+_BLOCKS: dict = {}
+
+
+def _fsdp(profile, dp: DataParallel, mode: str, fwd: float, bwd: float, opt: float, blocks, param_bytes: int):
+    """FSDP's step (gnn_ptp/fsdp.py) over the profile: its measured all-gathers and reduce-scatters where
+    it has them (``Interconnect.collective_us``), else derived from its all-reduce lines."""
+    from gnn_ptp import fsdp
+
+    copy = None
+    if profile.node_sharing:  # CPU ranks: flat-buffer copies on the compute thread
+        def copy(nbytes):
+            return profile.bucket_copy_ms(nbytes, dp.gpus, dp.nodes)
+    step = fsdp.fsdp_step(fwd, bwd, opt, blocks, profile.level(dp.gpus, dp.nodes), dp.gpus, param_bytes=param_bytes,
+                          mode=mode, overlap=profile.overlap, copy_ms=copy,
+                          collective=lambda kind, nbytes: profile.collective_us(kind, nbytes, dp.gpus, dp.nodes)[0],
+                          overheads=profile.fsdp_overheads(dp.gpus, dp.nodes))
+    if dp.grad_accum > 1:  # each micro-step gathers and reduce-scatters again (FSDP2's default); one optimizer
+        opt_sharded = opt / dp.gpus
+        more = dp.grad_accum - 1
+        iteration = step.iteration_ms + more * (step.iteration_ms - opt_sharded)
+        compute = step.compute_ms + more * (fwd + bwd)
+        step = dataclasses.replace(step, compute_ms=compute, exposed_ms=iteration - compute, iteration_ms=iteration,
+                                   allgather_ms=step.allgather_ms * dp.grad_accum,
+                                   reduce_scatter_ms=step.reduce_scatter_ms * dp.grad_accum)
+    return step
+
+
+def _fsdp_memory(estimate: dict, blocks, gpus: int, param_bytes: int, mode: str) -> dict:
+    """Per-GPU peak (allocated) and device bytes under FSDP: the single-GPU estimate's floor sharded, its
+    activations and transients kept, the unsharded blocks in flight added (fsdp.memory_per_rank)."""
+    from gnn_ptp import fsdp
+
+    if not estimate:
+        return {"memory_per_gpu_bytes": None, "device_bytes": None}
+    floor = float(estimate["floor_bytes"])
+    working = max(0.0, float(estimate["peak_bytes"]) - floor)
+    peak = fsdp.memory_per_rank(floor, working, blocks, gpus, param_bytes, mode)
+    slack = float(estimate["reserved_bytes"]) - float(estimate["peak_bytes"])
+    return {"memory_per_gpu_bytes": peak, "device_bytes": peak + max(0.0, slack) + float(estimate["context_bytes"])}
+
+
+def _choose(options: list[dict]) -> dict:
+    """The fastest option that fits (unknown capacity counts as fitting); where none fits, the smallest."""
+    fitting = [o for o in options if o["fits"] is not False]
+    if fitting:
+        return min(fitting, key=lambda o: o["iteration_ms"])
+    return min(options, key=lambda o: o["device_bytes"] or math.inf)
+
+
+def _auto_note(precision: str, options: list[dict], chosen: dict, hardware: str) -> str:
+    parts = []
+    for o in options:
+        mem = "-" if o["device_bytes"] is None else _bytes(o["device_bytes"])
+        fit = "" if o["fits"] is None else (" fits" if o["fits"] else " does not fit")
+        parts.append(f"{o['parallel']} {_ms(o['iteration_ms'])}, {mem} per GPU{fit}")
+    why = "the fastest that fits" if chosen["fits"] is not False else "nothing fits; the smallest"
+    return f"--parallel auto, {precision}: {chosen['parallel']} ({why} in one {hardware}): " + "; ".join(parts)
+
+
+def _fsdp_notes(profile, gpus: int, nodes: int | None) -> list[str]:
+    _, measured = profile.collective_us("all_gather", 1 << 20, gpus, nodes)
+    if measured:
+        return []
+    return [f"FSDP all-gathers and reduce-scatters derived from {profile.name}'s all-reduce measurements "
+            "(a ring all-reduce is a reduce-scatter then an all-gather), not measured themselves"]
+
+
 def predict_many(spec: str, precisions: list[str], batch_size: int, seq_len: int | None = None,
                  image_size: int | None = None, gpus: int = 1, hardware: str = "h100",
                  checkpoint: str | Path | None = None, optimizer: str = "adamw", overrides=None,
@@ -345,14 +441,15 @@ def predict_many(spec: str, precisions: list[str], batch_size: int, seq_len: int
                  dataset_size: int | None = None, gpu_hour_cost: float | None = None,
                  use_disk_cache: bool = True, nodes: int | None = None, interconnect: str | None = None,
                  bucket_cap_mb: float = 25.0, grad_accum: int = 1,
-                 grad_compression: str = "none") -> list[Prediction]:
+                 grad_compression: str = "none", parallel: str = "ddp") -> list[Prediction]:
     """One ``Prediction`` per precision class, all from one checkpoint and one model spec.
 
     ``gpus``/``nodes``/``interconnect``/``bucket_cap_mb``/``grad_accum``/``grad_compression`` describe
-    data-parallel training (DDP); ``steps`` (optimizer steps) or ``epochs`` x ``dataset_size`` the job."""
+    data-parallel training; ``parallel`` is ddp, fsdp, fsdp-no-reshard or auto (gnn_ptp/fsdp.py);
+    ``steps`` (optimizer steps) or ``epochs`` x ``dataset_size`` the job."""
     from torch_geometric.data import Batch, Data
 
-    dp = DataParallel(gpus, nodes, interconnect, bucket_cap_mb, grad_accum, grad_compression)
+    dp = DataParallel(gpus, nodes, interconnect, bucket_cap_mb, grad_accum, grad_compression, parallel)
     dp.validate()
     if epochs is not None and not dataset_size:
         raise UserError("--epochs needs --dataset-size (samples per epoch)")
@@ -420,17 +517,48 @@ def predict_many(spec: str, precisions: list[str], batch_size: int, seq_len: int
             offset = int(sum(d.num_nodes for d in datas[:i]))
             log_node_ms = out["log_node_ms"][offset:offset + datas[i].num_nodes]
         param_bytes = get_precision(p).param_dtype.itemsize
-        ddp, comm_notes = _allreduce(profile, dp, tensors, log_node_ms, bwd, param_bytes, slowdown)
-        comm = ddp.exposed_ms if ddp is not None else 0.0
-        notes += comm_notes
         estimate = info.get("memory") or {}  # analytic, from the trace (the GNN's memory head is not used)
-        mem = float(estimate["peak_bytes"]) if estimate else None
         capacity = HARDWARE[hw_name].memory_bytes if hw_name in HARDWARE else None
-        fits = None if capacity is None or not estimate else estimate["device_bytes"] <= capacity
+        ddp, comm_notes = (None, []) if dp.parallel.startswith("fsdp") else \
+            _allreduce(profile, dp, tensors, log_node_ms, bwd, param_bytes, slowdown)
+        comm = ddp.exposed_ms if ddp is not None else 0.0
+        mode, mem, device_bytes, options, sharded = "ddp", None, None, [], None
+        if estimate:
+            mem, device_bytes = float(estimate["peak_bytes"]), float(estimate["device_bytes"])
+        if dp.parallel != "ddp" and gpus > 1:
+            blocks = _fsdp_blocks(parsed, shape, p)
+            modes = [dp.parallel] if dp.parallel != "auto" else ["ddp", "fsdp-no-reshard", "fsdp"]
+            for m in modes:
+                if m == "ddp":
+                    options.append({"parallel": "ddp", "iteration_ms": compute + comm, "comm_exposed_ms": comm,
+                                    "memory_per_gpu_bytes": mem, "device_bytes": device_bytes})
+                    continue
+                step = _fsdp(profile, dp, m, fwd * slowdown, bwd * slowdown, opt * slowdown, blocks,
+                             param_bytes)
+                per_rank = _fsdp_memory(estimate, blocks, gpus, param_bytes, m)
+                options.append({"parallel": m, "iteration_ms": step.iteration_ms, "comm_exposed_ms": step.exposed_ms,
+                                "comm_total_ms": step.comm_total_ms, "blocks": step.blocks, "step": step, **per_rank})
+            for o in options:
+                o["fits"] = None if capacity is None or o["device_bytes"] is None else o["device_bytes"] <= capacity
+            chosen = _choose(options)
+            mode = chosen["parallel"]
+            if dp.parallel == "auto":
+                notes.append(_auto_note(p, options, chosen, hw_name))
+            if mode != "ddp":
+                sharded = chosen["step"]
+                comm, mem, device_bytes = sharded.exposed_ms, chosen["memory_per_gpu_bytes"], chosen["device_bytes"]
+                compute = sharded.compute_ms
+                comm_notes = _fsdp_notes(profile, gpus, nodes)
+            else:
+                ddp, comm_notes = _allreduce(profile, dp, tensors, log_node_ms, bwd, param_bytes, slowdown)
+                comm = ddp.exposed_ms if ddp is not None else 0.0
+        notes += comm_notes
+        fits = None if capacity is None or device_bytes is None else device_bytes <= capacity
         if fits is False:
-            notes.append(f"peak memory {_bytes(estimate['device_bytes'])} (allocator segments + context) exceeds "
+            notes.append(f"peak memory {_bytes(device_bytes)} (allocator segments + context) exceeds "
                          f"the {capacity / 1e9:.0f} GB of one {hw_name}: this configuration will run out of "
-                         f"memory (--max-batch-size finds the largest batch that fits)")
+                         f"memory (--max-batch-size finds the largest batch that fits"
+                         + ("; --parallel fsdp shards it over the GPUs)" if gpus > 1 and mode == "ddp" else ")"))
         iteration = compute + comm
         pred = Prediction(
             spec=spec, precision=p, batch_size=batch_size, seq_len=info["shape"]["seq_len"],
@@ -441,7 +569,10 @@ def predict_many(spec: str, precisions: list[str], batch_size: int, seq_len: int
             overrides=dict(parsed.overrides), checkpoint=str(ckpt_path or ""), warnings=notes, nodes=n_nodes,
             interconnect=profile.name if profile is not None else "", grad_accum=grad_accum,
             global_batch_size=global_batch, scaling_efficiency=one_gpu / iteration if iteration > 0 else 1.0,
-            compute_slowdown=slowdown)
+            compute_slowdown=slowdown, parallel=mode, memory_per_gpu_bytes=mem,
+            parallel_options=[{k: v for k, v in o.items() if k != "step"} for o in options])
+        if sharded is not None:
+            pred.comm_total_ms, pred.fabric = sharded.comm_total_ms, profile.level(gpus, nodes).name
         if analytic:
             pred.source, pred.expected_error = "analytic-prior", meta["expected_error"]
             pred.warnings.insert(0, analytic_warning(hw_name, meta))
@@ -661,9 +792,20 @@ def format_predictions(preds: list[Prediction]) -> str:
                      f"faster than {slowest.precision}")
     if first.gpus > 1:
         eff = ", ".join(f"{p.precision} {p.scaling_efficiency:.0%}" for p in preds)
-        lines.append(f"data parallel: global batch {first.global_batch_size}; all-reduce {first.allreduce_buckets} "
-                     f"bucket(s), {fastest.comm_total_ms:.1f} ms in all ({fastest.precision}); scaling "
-                     f"efficiency vs one GPU: {eff}")
+        if fastest.parallel == "ddp":
+            comm = (f"DDP all-reduce {fastest.allreduce_buckets} bucket(s), {fastest.comm_total_ms:.1f} ms in all "
+                    f"({fastest.precision})")
+        else:
+            kind = "FSDP2 full sharding, ZeRO-3" if fastest.parallel == "fsdp" else \
+                "FSDP2 without resharding, ZeRO-2-like"
+            comm = (f"{fastest.parallel} ({kind}): all-gathers and reduce-scatters {fastest.comm_total_ms:.1f} ms in "
+                    f"all, {fastest.comm_exposed_ms:.1f} ms exposed ({fastest.precision})")
+        modes = sorted({p.parallel for p in preds})
+        if len(modes) > 1:
+            comm += "; modes: " + ", ".join(f"{p.precision} {p.parallel}" for p in preds)
+        lines.append(f"data parallel: global batch {first.global_batch_size}; {comm}; peak mem is per GPU; scaling "
+                     f"efficiency vs one GPU: {eff}" + (" (over 100 %: the optimizer runs on a 1/N shard)"
+                                                       if any(p.scaling_efficiency > 1 for p in preds) else ""))
     if first.total_s is not None:
         lines.append(f"job: {first.steps} optimizer steps of {first.global_batch_size} samples on "
                      f"{first.gpus} GPU(s)")

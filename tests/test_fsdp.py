@@ -113,3 +113,119 @@ def test_without_overlap_every_collective_and_copy_adds():
     s = fsdp.fsdp_step(10.0, 20.0, 4.0, blocks, FABRIC, 4, param_bytes=4, overlap=False, copy_ms=lambda b: 0.5)
     assert s.exposed_ms == pytest.approx(s.allgather_ms + s.reduce_scatter_ms + 4 * 3 * 0.5)
     assert s.iteration_ms == pytest.approx(10.0 + 20.0 + 1.0 + s.exposed_ms)
+
+
+def test_overheads_add_per_unit_and_per_tensor():
+    """Synthetic overheads (made-up numbers): each unit pays its forward and backward cost once, each
+    parameter tensor its optimizer cost, with and without overlap."""
+    blocks = fsdp.Blocks([1000] * 4, 0, "layers", tensors=10)
+    ov = fsdp.Overheads(unit_forward_ms=1.0, unit_backward_ms=2.0, optimizer_tensor_ms=0.1)
+    for overlap in (False, True):
+        base = fsdp.fsdp_step(10.0, 20.0, 4.0, blocks, FABRIC, 4, param_bytes=4, overlap=overlap)
+        more = fsdp.fsdp_step(10.0, 20.0, 4.0, blocks, FABRIC, 4, param_bytes=4, overlap=overlap, overheads=ov)
+        assert more.iteration_ms - base.iteration_ms == pytest.approx(4 * (1.0 + 2.0) + 10 * 0.1, rel=1e-6)
+        assert more.compute_ms == base.compute_ms
+
+
+def test_measured_collectives_replace_the_allreduce_split():
+    """A profile with made-up all-gather rows answers from them (interpolated in log-log inside the
+    measured sizes, the fitted line outside) and says they are measured; without, the ring split."""
+    import dataclasses
+
+    from gnn_ptp import interconnect
+
+    base = interconnect.load("h100-nvswitch")
+    derived, measured = base.collective_us("all_gather", 1 << 20, 8)
+    assert not measured and derived == pytest.approx(fsdp.collective_us(base.level(8), "all_gather", 1 << 20, 8))
+    rows = tuple({"gpus": 8, "message_bytes": b, "time_us": t, "collective": "all_gather", "level": "intra"}
+                 for b, t in ((1 << 20, 100.0), (4 << 20, 400.0)))
+    line = Fabric("ag", "made up", alpha_us=0.0, busbw_GBps=1.0, measured_gpus=8)
+    prof = dataclasses.replace(base, measurements=base.measurements + rows,
+                               collectives={"all_gather": {"intra": (line,)}})
+    t, measured = prof.collective_us("all_gather", 2 << 20, 8)
+    assert measured and t == pytest.approx(200.0)  # halfway in log size between 100 and 400 us
+    t, _ = prof.collective_us("all_gather", 8 << 20, 8)  # beyond the rows: the line
+    assert t == pytest.approx(line.allreduce_us(8 << 20, 8))
+    # the profile round-trips through its file format with the collectives
+    again = interconnect.Interconnect.from_dict(prof.to_dict())
+    assert again.collective_us("all_gather", 8 << 20, 8) == prof.collective_us("all_gather", 8 << 20, 8)
+    with pytest.raises(ValueError, match="all_gather or reduce_scatter|one of"):
+        prof.collective_us("broadcast", 1, 8)
+
+
+def test_shipped_gloo_profile_has_measured_fsdp_parts():
+    from gnn_ptp import interconnect
+
+    prof = interconnect.load("cpu-gloo")
+    for world in (2, 4):
+        for kind in ("all_gather", "reduce_scatter"):
+            t, measured = prof.collective_us(kind, 1 << 20, world)
+            assert measured and t > 0
+        ov = prof.fsdp_overheads(world)
+        assert ov is not None and ov.unit_forward_ms > 0 and ov.unit_backward_ms > 0
+    assert interconnect.load("h100-nvswitch").fsdp_overheads(8) is None
+
+
+def test_calibrate_collectives_and_fsdp_overheads(tmp_path):
+    """calibrate-comm on this CPU: 2 real gloo processes measure all-gather and reduce-scatter (small
+    sizes, short) and FSDP2's overheads on the synthetic stacks, merged into a copy of the profile
+    without touching its all-reduce lines."""
+    import json
+    import shutil
+
+    from gnn_ptp import interconnect
+    from gnn_ptp.calibrate import CalibrateConfig, calibrate
+
+    out = tmp_path / "p.json"
+    shutil.copy(interconnect.resources.files("gnn_ptp") / "interconnects" / "cpu-gloo.json", out)
+    before = json.loads(out.read_text())
+    cfg = CalibrateConfig(out=out, procs=(2,), collectives=("all_gather", "reduce_scatter"), min_bytes=4 << 10,
+                          max_bytes=256 << 10, fit_min_bytes=32 << 10, min_time_s=0.01, fsdp=True)
+    cfg.validate()
+    prof = calibrate(cfg)
+    assert json.loads(json.dumps([f.to_dict() for f in prof.intra])) == before["intra"]  # all-reduce lines kept
+    assert prof.node_sharing == before["node_sharing"]
+    assert {f.measured_gpus for f in prof.collectives["reduce_scatter"]["intra"]} == {2, 4}
+    assert len(prof.fsdp["2"]["raw"]) == 3 and prof.fsdp["2"]["unit_backward_ms"] >= 0
+    assert interconnect.load(str(out)).fsdp_overheads(2) is not None
+
+
+def test_calibrate_collectives_refuses_unknown(tmp_path):
+    from gnn_ptp.calibrate import CalibrateConfig
+    from gnn_ptp.errors import UserError
+
+    with pytest.raises(UserError, match="--collectives broadcast: allowed all_reduce, all_gather, reduce_scatter"):
+        CalibrateConfig(out=tmp_path / "p.json", collectives=("broadcast",)).validate()
+
+
+def test_predict_parallel_fsdp_and_auto():
+    """predict --parallel on the analytic H100 path: FSDP shards the memory, auto picks a mode that fits
+    and says why; ddp stays the default."""
+    from gnn_ptp.prediction import predict_many
+
+    kw = dict(batch_size=2, seq_len=64, overrides=["n_layer=4", "n_embd=64", "n_head=2", "vocab_size=1000"],
+              hardware="h100")
+    (ddp,) = predict_many("hf:gpt2", ["amp-bf16"], gpus=8, **kw)
+    (full,) = predict_many("hf:gpt2", ["amp-bf16"], gpus=8, parallel="fsdp", **kw)
+    (zero2,) = predict_many("hf:gpt2", ["amp-bf16"], gpus=8, parallel="fsdp-no-reshard", **kw)
+    (auto,) = predict_many("hf:gpt2", ["amp-bf16"], gpus=8, parallel="auto", **kw)
+    assert ddp.parallel == "ddp" and full.parallel == "fsdp" and zero2.parallel == "fsdp-no-reshard"
+    assert full.memory_per_gpu_bytes < zero2.memory_per_gpu_bytes < ddp.memory_per_gpu_bytes
+    assert full.comm_total_ms > zero2.comm_total_ms > 0  # fsdp gathers twice
+    assert auto.parallel in ("ddp", "fsdp", "fsdp-no-reshard") and len(auto.parallel_options) == 3
+    best = min(auto.parallel_options, key=lambda o: o["iteration_ms"])
+    assert auto.parallel == best["parallel"] and auto.iteration_ms == pytest.approx(best["iteration_ms"])
+    assert any(w.startswith("--parallel auto, amp-bf16:") for w in auto.warnings)
+
+
+@pytest.mark.parametrize("args, message", [
+    (dict(gpus=1, parallel="fsdp"), "--parallel fsdp shards over ranks: give --gpus 2 or more"),
+    (dict(gpus=8, parallel="zero3"), "--parallel 'zero3': one of ddp, fsdp, fsdp-no-reshard, auto"),
+    (dict(gpus=8, parallel="fsdp", grad_compression="bf16"), "--grad-compression is a DDP communication hook"),
+])
+def test_predict_parallel_bad_input(args, message):
+    from gnn_ptp.errors import UserError
+    from gnn_ptp.prediction import predict_many
+
+    with pytest.raises(UserError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        predict_many("hf:gpt2", ["amp-bf16"], batch_size=2, seq_len=64, hardware="h100", **args)
