@@ -29,6 +29,9 @@ def main() -> None:
     ap.add_argument("--derived", action="store_true",
                     help="time all-gathers and reduce-scatters from the all-reduce lines (as before they were "
                          "measured), not from the profile's own measurements")
+    ap.add_argument("--memory", action="store_true",
+                    help="also compare the per-rank memory model with the records' memory labels (traces each "
+                         "configuration on the CPU: slower)")
     ap.add_argument("--no-overheads", action="store_true",
                     help="leave out FSDP2's host overheads (calibrate-comm --fsdp's synthetic-stack figures)")
     args = ap.parse_args()
@@ -72,10 +75,21 @@ def main() -> None:
                               lambda kind, b: profile.collective_us(kind, b, world)[0],
                               overheads=None if args.no_overheads else profile.fsdp_overheads(world))
         measured = r["timing"]["step_ms"]["median"]
+        mem_pred = mem_meas = None
+        if args.memory:
+            from gnn_ptp.dataset import step_config_of
+            from gnn_ptp.memory import estimate_config
+
+            est = estimate_config(step_config_of(c, "cpu"))
+            mem_pred = fsdp.memory_per_rank(est.floor_bytes, max(0, est.peak_bytes - est.floor_bytes), blocks,
+                                            world, param_bytes, mode)
+            mem_meas = r.get("memory", {}).get("peak_bytes")
         rows.append({"spec": c["spec"], "precision": c["precision"], "batch_size": c["batch_size"], "mode": mode,
                      "world_size": world, "blocks": len(blocks.block_params), "params": r["params"],
                      "measured_ms": measured, "one_process_ms": med["step_ms"], "head_ms": step.iteration_ms,
-                     "comm_ms": step.comm_total_ms, "exposed_ms": step.exposed_ms})
+                     "comm_ms": step.comm_total_ms, "exposed_ms": step.exposed_ms,
+                     "memory_predicted_bytes": mem_pred, "memory_measured_bytes": mem_meas,
+                     "memory_kind": r.get("memory", {}).get("kind")})
 
     def ape(pred, meas):
         return abs(pred / meas - 1) * 100
@@ -97,6 +111,13 @@ def main() -> None:
         head = [ape(x["head_ms"], x["measured_ms"]) for x in sel]
         print(f"{'all' if world is None else world:<12}{len(sel):>4}{statistics.mean(naive):>11.1f}%"
               f"{statistics.mean(head):>10.1f}%{statistics.median(head):>12.1f}%")
+    mem = [x for x in rows if x["memory_predicted_bytes"] and x["memory_measured_bytes"]]
+    if mem:
+        errs = sorted(ape(x["memory_predicted_bytes"], x["memory_measured_bytes"]) for x in mem)
+        under = sum(x["memory_predicted_bytes"] < x["memory_measured_bytes"] for x in mem)
+        print(f"\nper-rank peak memory, predicted vs the records' {mem[0]['memory_kind']} ({len(mem)} records): "
+              f"median error {statistics.median(errs):.1f}%, mean {statistics.mean(errs):.1f}%, "
+              f"{sum(e <= 10 for e in errs)} within 10%; predicted below measured in {under}")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
 

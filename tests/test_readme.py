@@ -52,6 +52,10 @@ RUN = {
     "gnn-ptp comm --list": ["h100-nvswitch", "h100-ib-ndr400", "cpu-gloo"],
     "gnn-ptp predict hf:llama --seq-len 2048 --precision all --max-batch-size": [
         "the largest batch whose training step fits in one h100", "bf16", "batch 1 does not fit"],
+    "gnn-ptp predict hf:llama --batch-size 1 --seq-len 2048 --gpus 8 --parallel auto": [
+        "hf:llama on 8x h100", "--parallel auto, amp-bf16: fsdp-no-reshard", "ddp", "does not fit", "per GPU"],
+    "gnn-ptp predict hf:llama --batch-size 1 --seq-len 2048 --gpus 8 --parallel fsdp --precision bf16 --json": [
+        '"parallel": "fsdp"', '"memory_per_gpu_bytes"'],
     "gnn-ptp graph hf:gtp2": [],  # an error example: its printed line is compared with stderr
     "python -m gnn_ptp.comm": [],  # printed with its output: compared line for line
 }
@@ -90,6 +94,10 @@ NOT_IN_CI = {
     "python benchmarks/gpu_agreement.py --device cpu --small": ("benchmark: runs real steps (minutes)", "none"),
     "python benchmarks/trace.py": ("benchmark: timings in fresh processes (minutes)", "none"),
     "python benchmarks/ddp_gloo.py": ("benchmark: predicts 52 DDP records (minutes)", "none"),
+    "python benchmarks/fsdp_gloo.py": ("benchmark: the FSDP schedule against 52 gloo FSDP2 records", "none"),
+    "gnn-ptp calibrate-comm --out gnn_ptp/interconnects/cpu-gloo.json --procs 2,4 --collectives "
+    "all_gather,reduce_scatter --fsdp": ("measures gloo collectives and FSDP2 steps for a minute and rewrites "
+                                         "the shipped profile; test_fsdp.py calibrates a small range", "parse"),
     "python benchmarks/harvest.py --limit 60 --rounds 2": ("benchmark: measures 240 records (~15 minutes)", "none"),
 }
 
