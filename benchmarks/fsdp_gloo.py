@@ -29,6 +29,9 @@ def main() -> None:
     ap.add_argument("--derived", action="store_true",
                     help="time all-gathers and reduce-scatters from the all-reduce lines (as before they were "
                          "measured), not from the profile's own measurements")
+    ap.add_argument("--timing", choices=("all", "first", "last"), default="all",
+                    help="which measurements of a configuration give its measured step: the median of all "
+                         "(default), the first pass or the last")
     ap.add_argument("--memory", action="store_true",
                     help="also compare the per-rank memory model with the records' memory labels (traces each "
                          "configuration on the CPU: slower)")
@@ -45,16 +48,22 @@ def main() -> None:
     _quiet_libraries()
     data = Path(args.data)
     single = defaultdict(list)
-    sharded = []
+    measurements = defaultdict(list)  # one configuration (config, world size, mode): its measurements
     for path in sorted(data.glob("*.jsonl")):
         for r in load_records(path):
+            if r.get("status") != "ok":
+                continue
             if not r.get("ddp"):
                 single[json.dumps(r["config"], sort_keys=True)].append(r)
             elif r["ddp"].get("parallel", "ddp") != "ddp":
-                sharded.append(r)
+                measurements[(json.dumps(r["config"], sort_keys=True), r["ddp"]["world_size"],
+                              r["ddp"]["parallel"])].append(r)
     profile = interconnect.load(args.interconnect)
     rows = []
-    for r in sharded:
+    for group in measurements.values():
+        group = sorted(group, key=lambda x: x["timestamp"])
+        timed = group if args.timing == "all" else [group[0] if args.timing == "first" else group[-1]]
+        r = group[0]
         c, world, mode = r["config"], r["ddp"]["world_size"], r["ddp"]["parallel"]
         alone = single.get(json.dumps(c, sort_keys=True))
         if not alone:
@@ -74,27 +83,36 @@ def main() -> None:
                               collective=None if args.derived else
                               lambda kind, b: profile.collective_us(kind, b, world)[0],
                               overheads=None if args.no_overheads else profile.fsdp_overheads(world))
-        measured = r["timing"]["step_ms"]["median"]
+        measured = statistics.median(x["timing"]["step_ms"]["median"] for x in timed)
+        spread = (max(x["timing"]["step_ms"]["median"] for x in group) / min(
+            x["timing"]["step_ms"]["median"] for x in group) - 1) * 100 if len(group) > 1 else None
         mem_pred = mem_meas = None
         if args.memory:
             from gnn_ptp.dataset import step_config_of
             from gnn_ptp.memory import estimate_config
 
             est = estimate_config(step_config_of(c, "cpu"))
-            mem_pred = fsdp.memory_per_rank(est.floor_bytes, max(0, est.peak_bytes - est.floor_bytes), blocks,
-                                            world, param_bytes, mode)
-            mem_meas = r.get("memory", {}).get("peak_bytes")
+            act, opt = fsdp.split_estimate(est.peak_by_phase, est.floor_bytes)
+            mem_pred = fsdp.memory_per_rank(est.floor_bytes, act, blocks, world, param_bytes, mode, opt)
+            labelled = [x["memory"]["peak_bytes"] for x in group
+                        if x.get("memory", {}).get("kind") == "cpu_profiler_peak_allocated"]
+            mem_meas = statistics.median(labelled) if labelled else None
         rows.append({"spec": c["spec"], "precision": c["precision"], "batch_size": c["batch_size"], "mode": mode,
                      "world_size": world, "blocks": len(blocks.block_params), "params": r["params"],
                      "measured_ms": measured, "one_process_ms": med["step_ms"], "head_ms": step.iteration_ms,
                      "comm_ms": step.comm_total_ms, "exposed_ms": step.exposed_ms,
                      "memory_predicted_bytes": mem_pred, "memory_measured_bytes": mem_meas,
-                     "memory_kind": r.get("memory", {}).get("kind")})
+                     "memory_kind": "cpu_profiler_peak_allocated", "measurements": len(group),
+                     "repeat_spread_pct": spread})
 
     def ape(pred, meas):
         return abs(pred / meas - 1) * 100
 
-    print(f"{len(rows)} gloo FSDP records with a one-process twin; interconnect {profile.name}")
+    spreads = [x["repeat_spread_pct"] for x in rows if x["repeat_spread_pct"] is not None]
+    print(f"{len(rows)} gloo FSDP configurations ({sum(x['measurements'] for x in rows)} records; the median of "
+          f"each one's measurements) with a one-process twin; interconnect {profile.name}"
+          + (f"; label noise: max/min - 1 between a configuration's measurements, median "
+             f"{statistics.median(spreads):.1f}%" if spreads else ""))
     print(f"{'model':<32}{'prec':>9}{'mode':>17}{'N':>3}{'blk':>4}{'measured':>10}{'1-proc':>9}{'comm':>8}"
           f"{'head':>9}{'err':>7}")
     for x in rows:
@@ -115,7 +133,7 @@ def main() -> None:
     if mem:
         errs = sorted(ape(x["memory_predicted_bytes"], x["memory_measured_bytes"]) for x in mem)
         under = sum(x["memory_predicted_bytes"] < x["memory_measured_bytes"] for x in mem)
-        print(f"\nper-rank peak memory, predicted vs the records' {mem[0]['memory_kind']} ({len(mem)} records): "
+        print(f"\nper-rank peak memory, predicted vs the records' {mem[0]['memory_kind']} ({len(mem)} configurations): "
               f"median error {statistics.median(errs):.1f}%, mean {statistics.mean(errs):.1f}%, "
               f"{sum(e <= 10 for e in errs)} within 10%; predicted below measured in {under}")
     if args.json:

@@ -228,6 +228,24 @@ def memory_label(device: torch.device, baseline_rss: int) -> dict:
             "kind": "cpu_rss_high_water_mark"}
 
 
+def _profiled_cpu_peak(model, optimizer, workload, step) -> dict:
+    """This rank's peak allocated bytes over one more training step on a CPU: the tensors resident before
+    it (local shards of DTensors) plus the peak of torch.profiler's memory events during it
+    (``memory.measure_cpu_peak``'s method, kind ``cpu_profiler_peak_allocated``)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from gnn_ptp.memory import CPU_LABEL_KIND, profiler_peak_bytes, resident_bytes
+
+    optimizer.zero_grad(set_to_none=True)
+    resident = resident_bytes(model, optimizer, (workload.args, workload.kwargs, workload.targets))
+    timer = _StepTimer(torch.device("cpu"))
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step(timer, [])
+    profiled = profiler_peak_bytes(prof)
+    return {"peak_bytes": resident + profiled, "resident_bytes": resident, "profiled_peak_bytes": profiled,
+            "kind": CPU_LABEL_KIND}
+
+
 def make_optimizer(name: str, params):
     """torch.optim with its defaults for the device (foreach on GPUs, single-tensor on CPUs)."""
     if name == "sgd":
@@ -338,6 +356,12 @@ def measure(config: dict, device: torch.device, cfg: CollectConfig, ddp: dict | 
             timed_s = time.perf_counter() - timed_start
         result["timing"] = timing_summary(durations, cfg.warmup_steps, warm_ms, device)
         result["memory"] = memory_label(device, baseline_rss)
+        if ddp and ddp.get("parallel", "ddp") != "ddp" and device.type == "cpu":
+            # FSDP on a CPU: one more step under the profiler gives this rank's allocated peak (the RSS
+            # growth above holds gloo's buffers and the model build too); kept beside the RSS figures
+            rss = result["memory"]
+            result["memory"] = {**rss, "rss_peak_growth_bytes": rss["peak_bytes"],
+                                **_profiled_cpu_peak(model, optimizer, workload, step)}
         result["collector"] = {"build_s": round(built - start, 4), "overhead_s": round(overhead_s, 4),
                                "timed_s": round(timed_s, 4)}
     except KeyboardInterrupt:

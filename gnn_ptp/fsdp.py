@@ -189,15 +189,30 @@ def fsdp_step(forward_ms: float, backward_ms: float, optimizer_ms: float, blocks
 
 
 def memory_per_rank(floor_bytes: float, activation_bytes: float, blocks: Blocks, gpus: int, param_bytes: int,
-                    mode: str = "fsdp") -> float:
-    """Peak bytes on one rank: the sharded floor (parameters, gradients, optimizer state) + the activations
-    of its own batch + the unsharded working set: two blocks' parameters and one block's gradients in
-    flight under ``fsdp``; every parameter unsharded after the forward under ``fsdp-no-reshard``."""
+                    mode: str = "fsdp", optimizer_transient_bytes: float = 0.0) -> float:
+    """Peak bytes on one rank, the larger of two moments:
+
+    - forward/backward: the sharded floor (parameters, gradients, optimizer state over ``gpus``) + the
+      activations of its own batch (``activation_bytes``) + the unsharded working set: the parameters of
+      the unit computing and of the one prefetched (one unit when the model is one unit) and one unit's
+      gradients before its reduce-scatter under ``fsdp``; under ``fsdp-no-reshard`` every parameter
+      stays gathered after the forward;
+    - optimizer: the sharded floor + the single-GPU step's optimizer transients
+      (``optimizer_transient_bytes``) over ``gpus``: the step runs on the shard."""
     if mode not in MODES:
         raise ValueError(f"mode is {mode!r}: one of {', '.join(MODES)}")
     largest = max(blocks.block_params + [blocks.root_params, 0])
+    in_flight = min(2, blocks.units)
     if mode == "fsdp":
-        working = (2 * largest * param_bytes) + largest * param_bytes
+        working = in_flight * largest * param_bytes + largest * param_bytes
     else:
         working = blocks.total * param_bytes * (gpus - 1) / gpus + largest * param_bytes
-    return floor_bytes / gpus + activation_bytes + working
+    compute = floor_bytes / gpus + activation_bytes + working
+    return max(compute, floor_bytes / gpus + optimizer_transient_bytes / gpus)
+
+
+def split_estimate(peak_by_phase: dict, floor_bytes: float) -> tuple[float, float]:
+    """(activation bytes, optimizer transient bytes) above the floor, from a single-GPU memory estimate's
+    peak per phase (``memory.MemoryEstimate.peak_by_phase``)."""
+    compute = max(peak_by_phase.get("forward", 0), peak_by_phase.get("backward", 0))
+    return max(0.0, compute - floor_bytes), max(0.0, peak_by_phase.get("optimizer", 0) - floor_bytes)

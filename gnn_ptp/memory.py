@@ -433,6 +433,7 @@ def resident_bytes(*objects) -> int:
     seen: dict[int, int] = {}
 
     def add(t: torch.Tensor) -> None:
+        t = getattr(t, "_local_tensor", t)  # a DTensor (FSDP2's sharded parameters and state): its shard
         if t.device.type != "meta":
             storage = t.untyped_storage()
             seen[storage.data_ptr()] = storage.nbytes()

@@ -402,8 +402,8 @@ def _fsdp_memory(estimate: dict, blocks, gpus: int, param_bytes: int, mode: str)
     if not estimate:
         return {"memory_per_gpu_bytes": None, "device_bytes": None}
     floor = float(estimate["floor_bytes"])
-    working = max(0.0, float(estimate["peak_bytes"]) - floor)
-    peak = fsdp.memory_per_rank(floor, working, blocks, gpus, param_bytes, mode)
+    activations, optimizer = fsdp.split_estimate(estimate["peak_by_phase"], floor)
+    peak = fsdp.memory_per_rank(floor, activations, blocks, gpus, param_bytes, mode, optimizer)
     slack = float(estimate["reserved_bytes"]) - float(estimate["peak_bytes"])
     return {"memory_per_gpu_bytes": peak, "device_bytes": peak + max(0.0, slack) + float(estimate["context_bytes"])}
 

@@ -94,6 +94,9 @@ def test_collector_measures_real_fsdp2_steps_on_gloo(tmp_path):
     (r,) = list(records.iter_records(tmp_path / "cpu" / "f-fsdp.jsonl"))
     assert r["status"] == "ok", r.get("error")
     assert r["ddp"]["parallel"] == "fsdp" and r["ddp"]["world_size"] == 2 and r["fsdp"]["blocks"] == 2
+    mem = r["memory"]  # the profiled per-rank peak, with the RSS growth kept beside it
+    assert mem["kind"] == "cpu_profiler_peak_allocated" and mem["peak_bytes"] > mem["resident_bytes"] > 0
+    assert "rss_peak_growth_bytes" in mem
     assert r["key"] == records.config_key(r["config"], "cpu", r["ddp"])
     assert r["key"] != records.config_key(r["config"], "cpu", {**r["ddp"], "parallel": "ddp"})
 
