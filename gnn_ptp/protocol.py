@@ -273,9 +273,10 @@ def _ratios(scores: dict, budget: Budget, *fields) -> dict:
     return out
 
 
-def size_split(samples: list, seed: int, factor: float = SIZE_FACTOR, val_fraction: float = 0.15) -> dict:
+def size_split(samples: list, seed: int, factor: float | None = None, val_fraction: float = 0.15) -> dict:
     """The smaller half by FLOPs to train (val_fraction of it drawn for validation), and every configuration
     with at least ``factor`` x the training maximum to test."""
+    factor = SIZE_FACTOR if factor is None else factor
     order = sorted(samples, key=step_flops)
     half = order[:len(order) // 2]
     top = step_flops(half[-1])
