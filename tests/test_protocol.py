@@ -272,3 +272,19 @@ def test_cli_protocol_json_and_the_one_kind_refusal(synthetic_dir, capsys):
     assert "needs records of two hardware kinds or more; the data holds one: cpu (24 configurations)" in err
     code = cli.main(["evaluate", "--protocol", "lofo", "--data", str(synthetic_dir), "--families", "nope"])
     assert code == 2 and "nope" in capsys.readouterr().err
+
+
+def test_predict_answers_from_a_residual_descriptor_checkpoint(synthetic_dir, tmp_path):
+    """A checkpoint with both options predicts a real (tiny) model end to end: its graphs carry no hardware,
+    so the checkpoint's own descriptor prices the prior (the weights are trained on SYNTHETIC data: only the
+    mechanism is checked, and that the answer scales with the prior)."""
+    import gnn_ptp
+
+    cfg = dataclasses.replace(TINY, model=dataclasses.replace(TINY.model, target="log_ratio_prior",
+                                                              hardware_descriptor=True))
+    train(cfg, synthetic_dir, tmp_path / "ckpt", log=lambda _: None)
+    args = dict(batch_size=2, seq_len=16, hardware="cpu", checkpoint=tmp_path / "ckpt",
+                overrides=["n_layer=1", "n_embd=32", "n_head=2", "vocab_size=100"], use_disk_cache=False)
+    small = gnn_ptp.predict("hf:gpt2", precision="fp32", **args)
+    large = gnn_ptp.predict("hf:gpt2", precision="fp32", **{**args, "batch_size": 64})
+    assert small.source == "checkpoint" and 0 < small.compute_ms < large.compute_ms
