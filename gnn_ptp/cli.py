@@ -249,7 +249,9 @@ def add_train_parser(sub) -> None:
     p = sub.add_parser("train", help="train the GNN on a dataset folder and write a checkpoint",
                        description="Train the precision-aware GNN on measured records, holding whole model "
                                    "families out; one line per epoch; writes weights + meta.json.")
-    p.add_argument("--data", required=True, help="dataset folder, e.g. datasets/h100")
+    p.add_argument("--data", required=True, nargs="+",
+                   help="dataset folder, e.g. datasets/h100; several (one per hardware kind) with "
+                        "[model] hardware_descriptor = true")
     p.add_argument("--config", help="training config (TOML), e.g. training/default.toml")
     p.add_argument("--out", required=True, help="checkpoint folder, e.g. checkpoints/h100")
     p.add_argument("--seed", type=int, help="overrides the config's seed")
@@ -270,7 +272,9 @@ def run_train(args) -> int:
     from gnn_ptp.train import load_train_config, train
 
     check_output_dir(args.out, "--out")
-    _check_input_dir(args.data, "--data")
+    for d in args.data:
+        _check_input_dir(d, "--data")
+    args.data = args.data[0] if len(args.data) == 1 else args.data
     cfg = load_train_config(args.config)
     changes = {k: v for k, v in (("seed", args.seed), ("epochs", args.epochs), ("threads", args.threads))
                if v is not None}

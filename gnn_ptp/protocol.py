@@ -106,6 +106,24 @@ def load(data_dirs, precision_aware: bool = True, log=None, strict: bool = False
     return measured, samples, dict(repeats)
 
 
+def prepare_many(data_dirs, cfg, log, strict: bool = False):
+    """``train.prepare`` for several dataset folders (one per hardware kind, e.g. two CPU models): one
+    checkpoint learns them all, told apart by their descriptors. Whole families go to one split on every
+    hardware."""
+    if not cfg.model.hardware_descriptor:
+        raise UserError("training on several --data folders needs [model] hardware_descriptor = true: without "
+                        "it the model cannot tell their hardware apart")
+    measured, samples, _ = load(data_dirs, cfg.model.precision_aware, log, strict)
+    targets = sorted({dataset.trace_target(m.hardware) for m in measured})
+    if len(targets) > 1:
+        raise UserError(f"--data folders {', '.join(map(str, data_dirs))} trace for {' and '.join(targets)}: "
+                        "train CPU and GPU hardware apart")
+    split = dataset.family_split([s.family for s in samples], cfg.seed, cfg.test_families, cfg.val_families,
+                                 cfg.test_fraction, cfg.val_fraction)
+    parts = {name: [s for s in samples if split[s.family] == name] for name in ("train", "val", "test")}
+    return measured, samples, split, parts
+
+
 def noise_floor(keys, repeats: dict) -> float | None:
     """The label noise floor (%) of these configurations: mean over those measured n >= 2 times of
     sqrt(2/pi) x relative sd / sqrt(n) (None when none was measured twice)."""

@@ -162,6 +162,10 @@ def train_ranges(samples: list) -> dict:
 
 
 def prepare(data_dir, cfg: TrainConfig, log, strict: bool = False):
+    if isinstance(data_dir, (list, tuple)):  # several hardware folders, told apart by their descriptors
+        from gnn_ptp.protocol import prepare_many
+
+        return prepare_many(data_dir, cfg, log, strict)
     measured = dataset.measured_configs(data_dir, strict=strict)
     graphs = dataset.load_graphs(data_dir, measured, cfg.model.precision_aware, log=log)
     samples = dataset.make_samples(measured, graphs)

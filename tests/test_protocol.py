@@ -288,3 +288,25 @@ def test_predict_answers_from_a_residual_descriptor_checkpoint(synthetic_dir, tm
     small = gnn_ptp.predict("hf:gpt2", precision="fp32", **args)
     large = gnn_ptp.predict("hf:gpt2", precision="fp32", **{**args, "batch_size": 64})
     assert small.source == "checkpoint" and 0 < small.compute_ms < large.compute_ms
+
+
+def test_cli_trains_one_checkpoint_on_two_synthetic_cpu_folders_and_evaluates_each(two_cpus, tmp_path, capsys):
+    from gnn_ptp.evaluate import evaluate
+
+    config = tmp_path / "two.toml"
+    config.write_text("epochs = 2\nthreads = 1\n[model]\nhidden = 16\ndepth = 1\ntarget = \"log_ratio_prior\"\n"
+                      "hardware_descriptor = true\n")
+    out = tmp_path / "ckpt"
+    assert cli.main(["train", "--data", *map(str, two_cpus), "--config", str(config), "--out", str(out)]) == 0
+    model, meta = checkpoint.load(out)
+    for folder, name in zip(two_cpus, ("amd-epyc", "synthetic-slow-cpu")):
+        r = evaluate(out, folder, split="all", log=lambda _: None)
+        measured, samples, _ = protocol.load([folder])
+        assert {s.hardware_name for s in samples} == {name}
+        expected = predict_samples(model, samples)  # each sample with its own CPU's descriptor attached
+        assert r["overall"]["mape"] == pytest.approx(
+            metrics.ape(expected["pred_ms"][:, 3], expected["true_ms"][:, 3]).mean(), rel=1e-6)
+    (tmp_path / "plain.toml").write_text("epochs = 1\n[model]\nhidden = 16\ndepth = 1\n")
+    code = cli.main(["train", "--data", *map(str, two_cpus), "--config", str(tmp_path / "plain.toml"),
+                     "--out", str(tmp_path / "ckpt2")])
+    assert code == 2 and "needs [model] hardware_descriptor = true" in capsys.readouterr().err
