@@ -6,6 +6,9 @@ features; message passing (GINE, GATv2 or a graph-transformer layer) lets a node
 every node. With ``readout="node_sum"`` a head gives each node a log-time and the forward, backward and
 optimizer times are the (log-)sums over their nodes: a prediction that explains itself op by op.
 ``readout="pool"`` predicts the three phase times from pooled embeddings instead.
+``target="log_ratio_prior"`` makes the head predict each node's (pool: phase's) log-ratio to the physical
+prior on the graph's hardware, and ``hardware_descriptor`` adds that hardware's descriptor (its measured or
+datasheet ceilings, ``gnn_ptp/descriptor.py``) to the graph-level embedding.
 """
 
 from __future__ import annotations

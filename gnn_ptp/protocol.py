@@ -227,6 +227,8 @@ def run(protocol: str, data_dirs, config=None, budget: Budget = Budget(), log=No
     log = log or (lambda msg: print(msg, file=sys.stderr))
     base = config if isinstance(config, TrainConfig) else load_train_config(config)
     data_dirs = [data_dirs] if isinstance(data_dirs, (str, Path)) else list(data_dirs)
+    if protocol == "hardware" and loaded is None:
+        _check_kinds(data_dirs, strict)  # from the records alone, before any graph is traced
     measured, samples, repeats = loaded or load(data_dirs, base.model.precision_aware, log, strict)
     rng = np.random.default_rng(0)
     start = time.perf_counter()
@@ -337,14 +339,28 @@ def _size(base, budget, measured, samples, repeats, rng, log) -> dict:
             "size_factor": SIZE_FACTOR, "ratios": _ratios(scores, budget, "mape")}
 
 
+def _check_kinds(data_dirs, strict: bool) -> None:
+    from gnn_ptp import descriptor
+
+    kinds = defaultdict(int)
+    for d in data_dirs:
+        for m in dataset.measured_configs(d, strict=strict):
+            kinds[descriptor.for_env(m.env or {"hardware": m.hardware}).name] += 1
+    _refuse_one_kind(kinds)
+
+
+def _refuse_one_kind(kinds: dict) -> None:
+    if len(kinds) < 2:
+        (name, n), = kinds.items()
+        raise UserError(f"--protocol hardware needs records of two hardware kinds or more; the data holds one: "
+                        f"{name} ({n} configurations); add another kind's folder with a second --data")
+
+
 def _hardware(base, budget, measured, samples, repeats, rng, log) -> dict:
     kinds = defaultdict(list)
     for s in samples:
         kinds[s.hardware_name].append(s)
-    if len(kinds) < 2:
-        (name, only), = kinds.items()
-        raise UserError(f"--protocol hardware needs records of two hardware kinds or more; the data holds one: "
-                        f"{name} ({len(only)} configurations); add another kind's folder with a second --data")
+    _refuse_one_kind({k: len(v) for k, v in kinds.items()})
     pairs = {}
     for train_kind in sorted(kinds):
         for test_kind in sorted(kinds):

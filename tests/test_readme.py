@@ -53,6 +53,7 @@ RUN = {
     "gnn-ptp predict hf:llama --seq-len 2048 --precision all --max-batch-size": [
         "the largest batch whose training step fits in one h100", "bf16", "batch 1 does not fit"],
     "gnn-ptp graph hf:gtp2": [],  # an error example: its printed line is compared with stderr
+    "gnn-ptp evaluate --protocol hardware --data datasets/cpu": [],  # an error example, as above
     # the shipped checkpoint still gives the README's held-out figures: the table is compared line for line
     # (an exact recompute of its predictions on its stored split; traces the 33 held-out configurations on a
     # cold cache, ~1-2 minutes on 2 cores)
@@ -60,6 +61,9 @@ RUN = {
         "gnn (precision-aware)        13.3%", "ridge on graph totals        15.4%"],
     "python -m gnn_ptp.comm": [],  # printed with its output: compared line for line
 }
+
+ERROR_EXAMPLES = {"gnn-ptp graph hf:gtp2", "gnn-ptp evaluate --protocol hardware --data datasets/cpu"}
+"""Printed with the one error line they give (stderr, exit code 2)."""
 
 NOT_IN_CI = {
     # command: (why it cannot run in CI, how it is checked instead)
@@ -205,7 +209,7 @@ def _run(command: str, capsys) -> tuple[int, str, str]:
 def test_readme_command_runs(command, in_repo, capsys):
     code, out, err = _run(command, capsys)
     printed = dollar_examples().get(command)
-    if command == "gnn-ptp graph hf:gtp2":  # the README's example of a one-line error
+    if command in ERROR_EXAMPLES:  # the README's examples of a one-line error
         assert code == 2 and err.strip() == "\n".join(printed).strip()
         return
     assert code == 0, err
