@@ -78,6 +78,11 @@ NOT_IN_CI = {
          "small ones", "parse"),
     "gnn-ptp evaluate --checkpoint checkpoints/cpu --data datasets/cpu --plot parity.png":
         ("writes parity.png into the repository; the same evaluation without --plot runs (RUN)", "parse"),
+    "gnn-ptp evaluate --protocol lofo --data datasets/cpu --config training/protocol_cpu.toml":
+        ("trains 34 models (35-60 minutes on one core); test_protocol.py runs every protocol on synthetic data "
+         "in seconds", "parse"),
+    "gnn-ptp evaluate --protocol size --data datasets/cpu --config training/protocol_cpu.toml --seeds 0,1":
+        ("trains 4 models (minutes); test_protocol.py runs it on synthetic data", "parse"),
     "gnn-ptp sweep --data datasets/cpu --trials 40 --write-best training/best.toml":
         ("40 training runs (hours); test_sweep.py runs small studies", "parse"),
     "gnn-ptp calibrate-comm --out mycluster.json --procs 2,4":
