@@ -345,8 +345,9 @@ def main(argv=None) -> int:
     rows = [*GPU_DESCRIPTORS.values(), *stored_cpus().values()]
     print(f"{'name':<12}{'kind':<5}{'fp32':>10}{'bf16':>10}{'vector':>10}{'GB/s':>9}{'floor us':>9}  source")
     for d in rows:
-        print(f"{d.name:<12}{d.kind:<5}{d.gemm_flops_per_s['fp32'] / 1e12:>9.3g}T{d.gemm_flops_per_s['bf16'] / 1e12:>9.3g}T"
-              f"{d.vector_flops_per_s / 1e12:>9.3g}T{d.memory_bandwidth_Bps / 1e9:>9.1f}{d.launch_floor_s * 1e6:>9.2f}  "
+        rates = "".join(f"{r / 1e12:>9.3g}T" for r in (d.gemm_flops_per_s["fp32"], d.gemm_flops_per_s["bf16"],
+                                                        d.vector_flops_per_s))
+        print(f"{d.name:<12}{d.kind:<5}{rates}{d.memory_bandwidth_Bps / 1e9:>9.1f}{d.launch_floor_s * 1e6:>9.2f}  "
               f"{d.source}")
     return 0
 

@@ -186,7 +186,8 @@ class StepTimeGNN(nn.Module):
         if value is not None:
             return value
         if self.descriptor is None:
-            raise UserError(f"this model ({'target ' + self.cfg.target if name == 'prior_log_ms' else 'hardware_descriptor'}) "
+            what = "target " + self.cfg.target if name == "prior_log_ms" else "hardware_descriptor"
+            raise UserError(f"this model ({what}) "
                             "needs a hardware descriptor: the graphs carry none and the model has no default")
         if name == "hw":
             return self.descriptor.features().expand(int(data.u.shape[0]), -1)
@@ -214,7 +215,8 @@ class StepTimeGNN(nn.Module):
         else:
             phase = self.pool_time(pooled) + self.time_offset
             if self.cfg.target == "log_ratio_prior":
-                prior_phase = scatter_logsumexp(self._hardware(data, "prior_log_ms"), data.batch * N_PHASES + data.phase,
+                group = data.batch * N_PHASES + data.phase
+                prior_phase = scatter_logsumexp(self._hardware(data, "prior_log_ms"), group,
                                                 n_graphs * N_PHASES).view(n_graphs, N_PHASES)
                 phase = phase + torch.where(torch.isfinite(prior_phase), prior_phase, torch.zeros_like(prior_phase))
         out["log_phase_ms"] = phase

@@ -167,7 +167,8 @@ def fit_predict(base, budget: Budget, seed: int, parts: dict, measured, log) -> 
                               sorted({s.family for s in parts["val"]}))
         split = {s.family: name for name, part in parts.items() for s in part}
         start = time.perf_counter()
-        result = train(cfg, None, None, log=lambda _: None, prepared=(measured, [x for part in parts.values() for x in part], split, parts))
+        everything = [x for part in parts.values() for x in part]
+        result = train(cfg, None, None, log=lambda _: None, prepared=(measured, everything, split, parts))
         out[variant] = predict_samples(result["model"], test)["pred_ms"][:, 3]
         info[variant] = {"best_epoch": result["best_epoch"], "val_mape": result["val_mape"],
                          "train_s": round(time.perf_counter() - start, 1)}
@@ -419,7 +420,8 @@ def format_result(r: dict) -> str:
                                                           for p in names) + f"{_pct(row['noise_floor']):>13}")
     elif r["protocol"] == "size":
         fold = r["folds"][0]
-        lines.append(f"train: {fold['n_train']} configurations <= {fold['train_max_flops']:.3g} FLOPs (+{fold['n_val']} "
+        lines.append(f"train: {fold['n_train']} configurations <= {fold['train_max_flops']:.3g} FLOPs "
+                     f"(+{fold['n_val']} "
                      f"validation); test: {fold['n_test']} >= {r['size_factor']:g}x that "
                      f"({', '.join(fold['test_families'])})")
         lines.append(f"{'predictor':<12}{'MAPE':>8}  {'95% CI':<14}   noise floor {_pct(r['noise_floor']).strip()}")
