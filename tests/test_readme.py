@@ -78,9 +78,6 @@ NOT_IN_CI = {
          "small ones", "parse"),
     "gnn-ptp evaluate --checkpoint checkpoints/cpu --data datasets/cpu --plot parity.png":
         ("writes parity.png into the repository; the same evaluation without --plot runs (RUN)", "parse"),
-    "gnn-ptp train --data datasets/cpu --config training/cpu_prior.toml --out checkpoints/cpu --baselines":
-        ("trains for ~10-20 minutes and would replace the shipped checkpoint; test_protocol.py trains small "
-         "residual + descriptor checkpoints", "parse"),
     "gnn-ptp evaluate --protocol lofo --data datasets/cpu --config training/protocol_cpu.toml":
         ("trains 34 models (35-60 minutes on one core); test_protocol.py runs every protocol on synthetic data "
          "in seconds", "parse"),
