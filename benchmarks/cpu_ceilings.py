@@ -1,47 +1,37 @@
-"""Measure this CPU's compute and memory ceilings with torch, for the CPU roofline baseline.
+"""Measure this CPU's ceilings (its hardware descriptor) with torch.
 
-    taskset -c 0 python benchmarks/cpu_ceilings.py --threads 1
+    flock /tmp/gnn-ptp-measure.lock taskset -c 1 python benchmarks/cpu_ceilings.py --threads 1 [--write]
 
-Prints a table: GEMM throughput per dtype (the best of several sizes) and copy bandwidth (bytes read +
-written per second). These are machine facts, not training labels; gnn_ptp/hardware.py quotes them.
+Prints GEMM throughput per dtype (the best of several sizes), the in-cache element-wise rate, copy
+bandwidth (bytes read + written per second) and the launch floor, measured by
+``gnn_ptp.descriptor.measure_cpu``; ``--write`` stores them as this CPU model's descriptor in
+``gnn_ptp/hardware_descriptors/`` (what a checkpoint with ``hardware_descriptor`` or
+``target = "log_ratio_prior"`` reads for records of this CPU). These are machine facts, not training labels.
+Before the descriptor existed this script printed an element-wise add over 64 MiB (memory-bound) as the
+element-wise rate: the 2.6 GFLOP/s that ``gnn_ptp/hardware.py`` quotes for the prior's reference CPU.
 """
 
 import argparse
-import time
+import sys
 
-import torch
-
-
-def best_time(fn, repeat: int = 5) -> float:
-    fn()
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
+from gnn_ptp import descriptor
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--write", action="store_true", help="store as this CPU model's descriptor")
     args = p.parse_args()
-    torch.set_num_threads(args.threads)
-    print(f"torch {torch.__version__}, {args.threads} thread(s)")
+    d = descriptor.measure_cpu(args.threads)
+    print(f"{d.description}: {d.source}")
     print(f"{'what':<28}{'rate':>16}")
-    for dtype in (torch.float32, torch.bfloat16, torch.float16):
-        best = 0.0
-        for n in (512, 1024, 2048):
-            a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-            t = best_time(lambda: torch.mm(a, b))
-            best = max(best, 2 * n ** 3 / t)
-        print(f"{'gemm ' + str(dtype).split('.')[1]:<28}{best / 1e9:>12.1f} GFLOP/s")
-    x = torch.randn(64 * 1024 * 1024 // 4)  # 64 MiB, far beyond the caches
-    y = torch.empty_like(x)
-    t = best_time(lambda: y.copy_(x))
-    print(f"{'copy (read + write)':<28}{2 * x.numel() * 4 / t / 1e9:>12.1f} GB/s")
-    t = best_time(lambda: torch.add(x, 1.0, out=y))
-    print(f"{'elementwise add':<28}{x.numel() / t / 1e9:>12.1f} GFLOP/s")
+    for dtype in ("fp32", "bf16", "fp16"):
+        print(f"{'gemm ' + dtype:<28}{d.gemm_flops_per_s[dtype] / 1e9:>12.1f} GFLOP/s")
+    print(f"{'element-wise (in cache)':<28}{d.vector_flops_per_s / 1e9:>12.1f} GFLOP/s")
+    print(f"{'copy (read + write)':<28}{d.memory_bandwidth_Bps / 1e9:>12.1f} GB/s")
+    print(f"{'launch floor':<28}{d.launch_floor_s * 1e6:>12.2f} us")
+    if args.write:
+        print(f"written to {descriptor.write(d)}", file=sys.stderr)
 
 
 if __name__ == "__main__":

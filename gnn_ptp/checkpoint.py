@@ -64,5 +64,9 @@ def load(path: str | Path):
                         f"weights missing, {len(have - set(expected))} unexpected, or shapes differ); "
                         "the two files come from different trainings")
     model.load_state_dict(state)
+    if isinstance(meta.get("hardware_descriptor"), dict):  # what the model assumes of graphs that carry none
+        from gnn_ptp.descriptor import Descriptor
+
+        model.descriptor = Descriptor.from_dict(meta["hardware_descriptor"])
     model.eval()
     return model, meta

@@ -249,7 +249,9 @@ def add_train_parser(sub) -> None:
     p = sub.add_parser("train", help="train the GNN on a dataset folder and write a checkpoint",
                        description="Train the precision-aware GNN on measured records, holding whole model "
                                    "families out; one line per epoch; writes weights + meta.json.")
-    p.add_argument("--data", required=True, help="dataset folder, e.g. datasets/h100")
+    p.add_argument("--data", required=True, nargs="+",
+                   help="dataset folder, e.g. datasets/h100; several (one per hardware kind) with "
+                        "[model] hardware_descriptor = true")
     p.add_argument("--config", help="training config (TOML), e.g. training/default.toml")
     p.add_argument("--out", required=True, help="checkpoint folder, e.g. checkpoints/h100")
     p.add_argument("--seed", type=int, help="overrides the config's seed")
@@ -270,7 +272,9 @@ def run_train(args) -> int:
     from gnn_ptp.train import load_train_config, train
 
     check_output_dir(args.out, "--out")
-    _check_input_dir(args.data, "--data")
+    for d in args.data:
+        _check_input_dir(d, "--data")
+    args.data = args.data[0] if len(args.data) == 1 else args.data
     cfg = load_train_config(args.config)
     changes = {k: v for k, v in (("seed", args.seed), ("epochs", args.epochs), ("threads", args.threads))
                if v is not None}
@@ -303,25 +307,80 @@ def add_evaluate_parser(sub) -> None:
     p = sub.add_parser("evaluate", help="score a checkpoint against measurements and baselines",
                        description="MAPE, median and p90 APE overall, per precision and per held-out family, "
                                    "side by side with the precision-unaware GNN, a roofline and a ridge "
-                                   "model on graph totals.")
-    p.add_argument("--checkpoint", required=True)
-    p.add_argument("--data", required=True)
+                                   "model on graph totals. With --protocol, train and score many models "
+                                   "instead (gnn_ptp/protocol.py): leave one family out, size extrapolation "
+                                   "or cross-hardware, with bootstrap intervals and the label noise floor.")
+    p.add_argument("--checkpoint", help="checkpoint folder (required without --protocol)")
+    p.add_argument("--data", required=True, nargs="+",
+                   help="dataset folder; --protocol hardware takes one folder per hardware kind")
     p.add_argument("--split", default="test", help="test (held-out families, default), val, train or all")
     p.add_argument("--plot", help="write a parity plot here (.png, .pdf or .svg; replaced if it exists)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--strict", action="store_true", help=STRICT_HELP)
+    g = p.add_argument_group("protocol (trains its own models; no --checkpoint)")
+    g.add_argument("--protocol", help="lofo (leave one family out), size (train small, test >= 4x larger) "
+                                      "or hardware (train on one kind, test on another)")
+    g.add_argument("--config", help="training config of the GNN variants (TOML; default: built-in defaults)")
+    g.add_argument("--epochs", type=_positive_int, help="epochs per model (budget; default: the config's)")
+    g.add_argument("--patience", type=_positive_int, help="early-stopping patience (default: the config's)")
+    g.add_argument("--families", help="lofo: hold out only these families, comma-separated (budget)")
+    g.add_argument("--seeds", default="0", help="comma-separated seeds; each retrains every model (default 0)")
+    g.add_argument("--variants", default="gnn,gnn-prior",
+                   help="GNN variants: gnn (the config as given), gnn-prior (log-ratio to the physical prior, "
+                        "hardware descriptor fed in); default both")
+    g.add_argument("--threads", type=_positive_int, help="torch CPU threads for training")
+    g.add_argument("--bootstrap", type=_positive_int, default=2000, help="bootstrap resamples (default 2000)")
     p.set_defaults(run=run_evaluate)
 
 
+def _int_list(text: str, what: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise UserError(f"{what} {text!r}: comma-separated integers, e.g. 0,1,2") from None
+    if not values:
+        raise UserError(f"{what} {text!r}: give at least one")
+    return values
+
+
 def run_evaluate(args) -> int:
+    if args.protocol is not None:
+        return run_protocol(args)
     from gnn_ptp.evaluate import PLOT_SUFFIXES, evaluate, format_table
     from gnn_ptp.paths import check_output_file
 
+    if args.checkpoint is None:
+        raise UserError("evaluate needs --checkpoint (or --protocol lofo|size|hardware, which trains its own)")
+    if len(args.data) > 1:
+        raise UserError(f"--data: one folder without --protocol, got {len(args.data)}")
+    args.data = args.data[0]
     if args.plot:
         check_output_file(args.plot, "--plot", overwrite=True, suffixes=PLOT_SUFFIXES)
     _check_input_dir(args.data, "--data")
     result = evaluate(args.checkpoint, args.data, args.split, args.plot, strict=args.strict)
     print(json.dumps(result, indent=2) if args.json else format_table(result))
+    return 0
+
+
+def run_protocol(args) -> int:
+    from gnn_ptp.errors import closest
+    from gnn_ptp.protocol import PROTOCOLS, Budget, format_result, run
+
+    if args.protocol not in PROTOCOLS:
+        raise UserError(f"--protocol {args.protocol!r}: allowed: {', '.join(PROTOCOLS)}"
+                        + closest(args.protocol, PROTOCOLS))
+    for flag, value in (("--checkpoint", args.checkpoint), ("--plot", args.plot)):
+        if value is not None:
+            raise UserError(f"{flag} does not go with --protocol (the protocol trains its own models)")
+    for d in args.data:
+        _check_input_dir(d, "--data")
+    families = tuple(f.strip() for f in args.families.split(",") if f.strip()) if args.families else None
+    budget = Budget(epochs=args.epochs, patience=args.patience, families=families,
+                    seeds=_int_list(args.seeds, "--seeds"),
+                    variants=tuple(v.strip() for v in args.variants.split(",") if v.strip()),
+                    threads=args.threads, bootstrap=args.bootstrap)
+    result = run(args.protocol, args.data, args.config, budget, strict=args.strict)
+    print(json.dumps(result, indent=2) if args.json else format_result(result))
     return 0
 
 

@@ -48,6 +48,8 @@ class Measured:
     params: int | None = None
     """Parameters of the model that was measured (a check that the installed libraries build the same)."""
     transformers_version: str | None = None
+    env: dict | None = None
+    """The first record's environment (hardware, CPU model or GPU name: its hardware descriptor)."""
 
 
 def measured_configs(data_dir: str | Path, world_size: int = 1, strict: bool = False) -> list[Measured]:
@@ -66,7 +68,7 @@ def measured_configs(data_dir: str | Path, world_size: int = 1, strict: bool = F
         env = rs[0]["env"]
         out.append(Measured(key, rs[0]["config"], rs[0].get("family") or "?", env["hardware"], ms,
                             sum(peaks) / len(peaks) if peaks else None, len(rs), env.get("torch"),
-                            rs[0].get("params"), env.get("transformers")))
+                            rs[0].get("params"), env.get("transformers"), env))
     if not out:
         raise UserError(f"no usable records (status ok, world size {world_size}) in {data_dir}"
                         + (f"; {skipped[0]}" if skipped else ""))

@@ -49,6 +49,10 @@ def evaluate(checkpoint_dir: str | Path, data_dir: str | Path, split: str = "tes
     else:
         wanted = measured
     samples = dataset.make_samples(wanted, dataset.load_graphs(data_dir, wanted, True, log=log))
+    if model.cfg.needs_hardware:  # each record's own hardware, not the checkpoint's default
+        from gnn_ptp import descriptor
+
+        descriptor.attach_measured(samples, wanted)
     parts = {name: [s for s in samples if _split_of(meta, s.family) == name] for name in SPLITS[:3]}
     chosen = samples if split == "all" else parts[split]
     if not chosen:

@@ -6,6 +6,9 @@ features; message passing (GINE, GATv2 or a graph-transformer layer) lets a node
 every node. With ``readout="node_sum"`` a head gives each node a log-time and the forward, backward and
 optimizer times are the (log-)sums over their nodes: a prediction that explains itself op by op.
 ``readout="pool"`` predicts the three phase times from pooled embeddings instead.
+``target="log_ratio_prior"`` makes the head predict each node's (pool: phase's) log-ratio to the physical
+prior on the graph's hardware, and ``hardware_descriptor`` adds that hardware's descriptor (its measured or
+datasheet ceilings, ``gnn_ptp/descriptor.py``) to the graph-level embedding.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from gnn_ptp.graph import GRAPH_FEATURES, NODE_FEATURES
 LAYERS = ("gine", "gatv2", "transformer")
 NORMS = ("layer", "batch", "graph", "none")
 READOUTS = ("node_sum", "pool")
+TARGETS = ("log_ms", "log_ratio_prior")
 N_PHASES = 3
 
 
@@ -47,13 +51,24 @@ class ModelConfig:
     prior_feature: str = ""
     """Hardware name (h100, cpu, ...): add the physical prior's per-node log-time (gnn_ptp/prior.py, that
     hardware's calibrated curves) to every node's features. "" (default): off, the model as before."""
+    target: str = "log_ms"
+    """What the time head predicts: "log_ms" (default), log milliseconds per node (node_sum) or per phase
+    (pool); "log_ratio_prior", the log-ratio of that time to the physical prior's estimate on the sample's
+    hardware (gnn_ptp/prior.py priced with the hardware's descriptor, gnn_ptp/descriptor.py): the GNN learns
+    a correction to a roofline that already scales with the hardware's rates and the step's size."""
+    hardware_descriptor: bool = False
+    """Feed the hardware's descriptor (peak GEMM rate per dtype, vector rate, bandwidth, launch floor, GPU
+    flag; gnn_ptp/descriptor.py) to the model, added to the graph-level embedding every node sees, so one
+    checkpoint can train on several hardware kinds and be asked about one it has not seen."""
 
     def __post_init__(self):
         for name in ("hidden", "depth", "heads"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):
                 raise UserError(f"model {name} = {value!r} must be an integer")
-        for name, allowed in (("layer", LAYERS), ("norm", NORMS), ("readout", READOUTS)):
+        if not isinstance(self.hardware_descriptor, bool):
+            raise UserError(f"model hardware_descriptor = {self.hardware_descriptor!r} must be true or false")
+        for name, allowed in (("layer", LAYERS), ("norm", NORMS), ("readout", READOUTS), ("target", TARGETS)):
             if getattr(self, name) not in allowed:
                 raise UserError(f"model {name} {getattr(self, name)!r} is not one of {', '.join(allowed)}")
         if self.hidden < 8 or self.depth < 0 or not 0 <= self.dropout < 1:
@@ -70,6 +85,11 @@ class ModelConfig:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+    @property
+    def needs_hardware(self) -> bool:
+        """Whether the model reads a hardware descriptor (its features or its prior)."""
+        return self.hardware_descriptor or self.target == "log_ratio_prior"
 
 
 def _norm(kind: str, dim: int) -> nn.Module:
@@ -114,6 +134,13 @@ class StepTimeGNN(nn.Module):
                                      nn.Linear(h, h))
         self.edge_in = nn.Linear(1, h)
         self.graph_in = nn.Sequential(nn.Linear(GRAPH_FEATURES, h), nn.GELU(), nn.Linear(h, h))
+        if cfg.hardware_descriptor:
+            from gnn_ptp.descriptor import DESCRIPTOR_FEATURES
+
+            self.hw_in = nn.Sequential(nn.Linear(DESCRIPTOR_FEATURES, h), nn.GELU(), nn.Linear(h, h))
+        self.descriptor = None
+        """The hardware (``descriptor.Descriptor``) of graphs that carry none (``hw``, ``prior_log_ms``):
+        the training data's, set by ``train`` and restored by ``checkpoint.load`` from meta.json."""
         self.convs = nn.ModuleList(_conv(cfg) for _ in range(cfg.depth))
         self.norms = nn.ModuleList(_norm(cfg.norm, h) for _ in range(cfg.depth))
         self.drop = nn.Dropout(cfg.dropout)
@@ -142,6 +169,8 @@ class StepTimeGNN(nn.Module):
                                     self.dtype_embed(x_cat[:, 2]), self.phase_embed(x_cat[:, 3]),
                                     *numeric], dim=-1))
         g = self.graph_in(data.u)
+        if self.cfg.hardware_descriptor:
+            g = g + self.hw_in(self._hardware(data, "hw").to(g))
         h = h + g[batch]
         e = self.edge_in(data.edge_attr)
         for conv, norm in zip(self.convs, self.norms):
@@ -149,6 +178,22 @@ class StepTimeGNN(nn.Module):
             out = norm(out, batch) if isinstance(norm, GraphNorm) else norm(out)
             h = h + self.drop(torch.nn.functional.gelu(out))
         return h, g
+
+    def _hardware(self, data, name: str) -> torch.Tensor:
+        """The graphs' hardware features (``hw`` [G, D]) or prior per-node log ms (``prior_log_ms`` [N]):
+        carried by the data (``descriptor.attach``), else those of ``self.descriptor``."""
+        value = getattr(data, name, None)
+        if value is not None:
+            return value
+        if self.descriptor is None:
+            what = "target " + self.cfg.target if name == "prior_log_ms" else "hardware_descriptor"
+            raise UserError(f"this model ({what}) "
+                            "needs a hardware descriptor: the graphs carry none and the model has no default")
+        if name == "hw":
+            return self.descriptor.features().expand(int(data.u.shape[0]), -1)
+        from gnn_ptp import prior
+
+        return prior.log_node_ms({"x": data.x, "x_cat": data.x_cat}, self.descriptor.profile()).to(data.x)
 
     def forward(self, data) -> dict[str, torch.Tensor]:
         """Returns ``log_phase_ms`` [G, 3] (forward, backward, optimizer), ``log_memory`` [G] and, for
@@ -162,11 +207,18 @@ class StepTimeGNN(nn.Module):
         out = {"log_memory": self.memory(pooled).squeeze(-1) + self.memory_offset}
         if self.cfg.readout == "node_sum":
             log_node = self.node_time(torch.cat([h, g[data.batch]], dim=-1)).squeeze(-1) + self.time_offset
+            if self.cfg.target == "log_ratio_prior":
+                log_node = log_node + self._hardware(data, "prior_log_ms")
             group = data.batch * N_PHASES + data.phase
             phase = scatter_logsumexp(log_node, group, n_graphs * N_PHASES).view(n_graphs, N_PHASES)
             out["log_node_ms"] = log_node
         else:
             phase = self.pool_time(pooled) + self.time_offset
+            if self.cfg.target == "log_ratio_prior":
+                group = data.batch * N_PHASES + data.phase
+                prior_phase = scatter_logsumexp(self._hardware(data, "prior_log_ms"), group,
+                                                n_graphs * N_PHASES).view(n_graphs, N_PHASES)
+                phase = phase + torch.where(torch.isfinite(prior_phase), prior_phase, torch.zeros_like(prior_phase))
         out["log_phase_ms"] = phase
         return out
 

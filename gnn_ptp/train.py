@@ -162,9 +162,17 @@ def train_ranges(samples: list) -> dict:
 
 
 def prepare(data_dir, cfg: TrainConfig, log, strict: bool = False):
+    if isinstance(data_dir, (list, tuple)):  # several hardware folders, told apart by their descriptors
+        from gnn_ptp.protocol import prepare_many
+
+        return prepare_many(data_dir, cfg, log, strict)
     measured = dataset.measured_configs(data_dir, strict=strict)
     graphs = dataset.load_graphs(data_dir, measured, cfg.model.precision_aware, log=log)
     samples = dataset.make_samples(measured, graphs)
+    if cfg.model.needs_hardware:
+        from gnn_ptp import descriptor
+
+        descriptor.attach_measured(samples, measured)
     if not samples:
         raise UserError(f"none of the {len(measured)} configurations in {data_dir} could be traced; "
                         "see the skipped lines above")
@@ -201,6 +209,12 @@ def train(cfg: TrainConfig, data_dir: str | Path, out: str | Path | None, logger
     mems = torch.cat([s.mem for s in parts["train"]])
     mem_mean = float(mems[~torch.isnan(mems)].mean()) if (~torch.isnan(mems)).any() else 0.0
     model.set_offsets(float(train_y[:, :3].mean()), log_nodes, mem_mean)
+    if cfg.model.needs_hardware:
+        from gnn_ptp import descriptor
+
+        model.descriptor = descriptor.of_samples(parts["train"])
+        if cfg.model.target == "log_ratio_prior":  # start at the prior times the data's mean ratio to it
+            model.time_offset.fill_(descriptor.mean_log_ratio(parts["train"]))
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=cfg.epochs, eta_min=cfg.lr * 0.05)
     generator = torch.Generator().manual_seed(cfg.seed)
@@ -271,6 +285,7 @@ def train(cfg: TrainConfig, data_dir: str | Path, out: str | Path | None, logger
             "hardware": hardware, "trace_target": dataset.trace_target(hardware),
             "data_dir": str(data_dir), "created": now_utc(), "torch": torch.__version__,
             "torch_geometric": torch_geometric.__version__, "train_ranges": train_ranges(parts["train"]),
+            **({"hardware_descriptor": model.descriptor.to_dict()} if model.descriptor is not None else {}),
             **summary,
         }
         summary["checkpoint"] = str(checkpoint.save(model, meta, out))

@@ -156,6 +156,13 @@ CASES = [
     ("evaluate-plot-suffix", ["evaluate", "--checkpoint", "{ck}", *DATA, "--plot", "{t}/plot.txt"], ".png"),
     ("evaluate-plot-under-file", ["evaluate", "--checkpoint", "{ck}", *DATA, "--plot", "{t}/a_file/p.png"],
      "a_file"),
+    ("evaluate-two-data", ["evaluate", "--checkpoint", "{ck}", *DATA, "{t}/good"], "--data"),
+    ("protocol-unknown", ["evaluate", "--protocol", "lofi", *DATA], "lofi"),
+    ("protocol-with-checkpoint", ["evaluate", "--protocol", "lofo", "--checkpoint", "{ck}", *DATA], "--checkpoint"),
+    ("protocol-seeds", ["evaluate", "--protocol", "lofo", *DATA, "--seeds", "0,x"], "--seeds"),
+    ("protocol-variants", ["evaluate", "--protocol", "lofo", *DATA, "--variants", "gnn,gnn-prio"], "gnn-prio"),
+    ("protocol-epochs", ["evaluate", "--protocol", "size", *DATA, "--epochs", "0"], "--epochs"),
+    ("protocol-data-missing", ["evaluate", "--protocol", "lofo", "--data", "{t}/nope"], "nope"),
     # --- sweep
     ("sweep-no-trials", ["sweep", *DATA], "--trials"),
     ("sweep-trials-zero", ["sweep", *DATA, "--trials", "0"], "--trials"),

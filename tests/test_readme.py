@@ -57,8 +57,17 @@ RUN = {
     "gnn-ptp predict hf:llama --batch-size 1 --seq-len 2048 --gpus 8 --parallel fsdp --precision bf16 --json": [
         '"parallel": "fsdp"', '"memory_per_gpu_bytes"'],
     "gnn-ptp graph hf:gtp2": [],  # an error example: its printed line is compared with stderr
+    "gnn-ptp evaluate --protocol hardware --data datasets/cpu": [],  # an error example, as above
+    # the shipped checkpoint still gives the README's held-out figures: the table is compared line for line
+    # (an exact recompute of its predictions on its stored split; traces the 33 held-out configurations on a
+    # cold cache, ~1-2 minutes on 2 cores)
+    "gnn-ptp evaluate --checkpoint checkpoints/cpu --data datasets/cpu": [
+        "gnn (precision-aware)        13.3%", "ridge on graph totals        15.4%"],
     "python -m gnn_ptp.comm": [],  # printed with its output: compared line for line
 }
+
+ERROR_EXAMPLES = {"gnn-ptp graph hf:gtp2", "gnn-ptp evaluate --protocol hardware --data datasets/cpu"}
+"""Printed with the one error line they give (stderr, exit code 2)."""
 
 NOT_IN_CI = {
     # command: (why it cannot run in CI, how it is checked instead)
@@ -72,9 +81,12 @@ NOT_IN_CI = {
         ("trains for ~10 minutes on 2 cores and would replace the shipped checkpoint; test_train.py trains "
          "small ones", "parse"),
     "gnn-ptp evaluate --checkpoint checkpoints/cpu --data datasets/cpu --plot parity.png":
-        ("traces the 33 held-out configurations on a cold cache (~2 minutes on 2 cores); test_evaluate.py "
-         "evaluates small data, test_graph_cache.py the cache", "parse"),
-    "gnn-ptp evaluate --checkpoint checkpoints/cpu --data datasets/cpu": ("as above", "parse"),
+        ("writes parity.png into the repository; the same evaluation without --plot runs (RUN)", "parse"),
+    "gnn-ptp evaluate --protocol lofo --data datasets/cpu --config training/protocol_cpu.toml":
+        ("trains 34 models (35-60 minutes on one core); test_protocol.py runs every protocol on synthetic data "
+         "in seconds", "parse"),
+    "gnn-ptp evaluate --protocol size --data datasets/cpu --config training/protocol_cpu.toml --seeds 0,1":
+        ("trains 4 models (minutes); test_protocol.py runs it on synthetic data", "parse"),
     "gnn-ptp sweep --data datasets/cpu --trials 40 --write-best training/best.toml":
         ("40 training runs (hours); test_sweep.py runs small studies", "parse"),
     "gnn-ptp calibrate-comm --out mycluster.json --procs 2,4":
@@ -210,7 +222,7 @@ def _run(command: str, capsys) -> tuple[int, str, str]:
 def test_readme_command_runs(command, in_repo, capsys):
     code, out, err = _run(command, capsys)
     printed = dollar_examples().get(command)
-    if command == "gnn-ptp graph hf:gtp2":  # the README's example of a one-line error
+    if command in ERROR_EXAMPLES:  # the README's examples of a one-line error
         assert code == 2 and err.strip() == "\n".join(printed).strip()
         return
     assert code == 0, err
@@ -248,3 +260,20 @@ def test_readme_python_example_runs(block, in_repo):
     p, rows = scope["p"], scope["rows"]
     assert p.source == "analytic-prior" and p.iteration_ms >= p.compute_ms > 0
     assert [r.precision for r in rows] == ["fp32", "tf32", "torch-default", "amp-fp16", "amp-bf16", "bf16"]
+
+
+def test_the_readme_s_held_out_figure_is_the_shipped_checkpoint_s_on_the_data_it_was_trained_on():
+    """The README's evaluation table is the shipped checkpoint's stored test MAPE, on the data it was
+    trained on (the data hash in its meta.json): new records in datasets/cpu mean retraining and
+    re-measuring the README's figures (`gnn-ptp train ...` then `gnn-ptp evaluate ...`)."""
+    import json
+
+    from gnn_ptp import dataset
+
+    meta = json.loads((REPO / "checkpoints" / "cpu" / "meta.json").read_text())
+    printed = dollar_examples()["gnn-ptp evaluate --checkpoint checkpoints/cpu --data datasets/cpu"]
+    row = next(line for line in printed if line.startswith("gnn (precision-aware)"))
+    assert row.split()[2] == f"{meta['metrics']['test']['overall']['mape']:.1f}%"
+    assert int(row.split()[-1]) == meta["metrics"]["test"]["overall"]["n"]
+    current = dataset.data_hash(dataset.measured_configs(REPO / "datasets" / "cpu"))
+    assert current == meta["data_hash"], "datasets/cpu changed since checkpoints/cpu was trained: retrain, re-evaluate"

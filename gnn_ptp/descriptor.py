@@ -1,0 +1,356 @@
+"""Hardware descriptors: what a machine can do, as numbers a model can read.
+
+A descriptor names one hardware kind by its ceilings: peak GEMM rate per compute dtype, the rate of
+non-GEMM (vector) kernels, memory bandwidth and the launch floor (least time one eager kernel costs).
+GPUs get datasheet figures (``gnn_ptp/hardware.py``: H100 SXM, H200, A100); a CPU gets what
+``measure_cpu`` measures on it with one thread, stored in ``gnn_ptp/hardware_descriptors/<slug>.json``,
+keyed by the CPU model that records carry in ``env.cpu_model`` (GPU records: ``env.device_name``).
+
+A descriptor serves the GNN twice (``ModelConfig.hardware_descriptor``, ``ModelConfig.target``):
+``features()`` is a small log-scaled vector added to the graph-level embedding, and ``profile()`` is the
+physical prior (``gnn_ptp/prior.py``) priced with the descriptor's own rates and the calibrated curves of
+its kind (``cpu`` or ``h100``), so a checkpoint can be asked about a CPU it never saw once that CPU's
+ceilings are measured::
+
+    python -m gnn_ptp.descriptor --measure --write      # this CPU, one thread (pin it: taskset -c 1)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+from gnn_ptp.errors import UserError
+from gnn_ptp.hardware import HARDWARE, Hardware
+
+DESCRIPTOR_DIR = Path(__file__).with_name("hardware_descriptors")
+GEMM_DTYPES = ("fp32", "tf32", "fp16", "bf16")
+FEATURE_NAMES = tuple(f"log10 {d} GEMM FLOP/s" for d in GEMM_DTYPES) + (
+    "log10 vector FLOP/s", "log10 memory B/s", "log10 launch floor s", "gpu")
+DESCRIPTOR_FEATURES = len(FEATURE_NAMES)
+_CENTRE = (12.0,) * 4 + (11.0, 11.0, -5.5)  # log10 scale of each rate: features land in about [-1, 2]
+
+
+@dataclass(frozen=True)
+class Descriptor:
+    name: str
+    """Short name: a GPU kind (h100, h200, a100) or the slug of a CPU model (amd-epyc)."""
+    kind: str
+    """"cpu" or "gpu"."""
+    gemm_flops_per_s: dict[str, float]
+    """Peak GEMM rate per compute dtype (fp32, tf32, fp16, bf16); on a GPU tf32/fp16/bf16 on tensor
+    cores and fp32 on CUDA cores; on a CPU measured (tf32 is the fp32 rate: a CPU has no TF32)."""
+    vector_flops_per_s: float
+    """Rate of non-GEMM kernels (element-wise, reductions, norms)."""
+    memory_bandwidth_Bps: float
+    """Bytes read + written per second."""
+    launch_floor_s: float
+    """Least time one eager kernel costs (host dispatch + launch)."""
+    description: str = ""
+    source: str = ""
+    """Where the figures come from: a datasheet, or the measurement (date, threads, torch)."""
+    measured: bool = False
+    curves: str = ""
+    """Whose calibrated efficiency curves (prior_calibration.json) price kernels below the peaks:
+    "cpu" for CPUs, "h100" for GPUs (default by kind)."""
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.kind not in ("cpu", "gpu"):
+            raise UserError(f"hardware descriptor {self.name!r}: kind {self.kind!r} is not one of cpu, gpu")
+        missing = [d for d in GEMM_DTYPES if not self.gemm_flops_per_s.get(d, 0) > 0]
+        rates = {"vector_flops_per_s": self.vector_flops_per_s, "memory_bandwidth_Bps": self.memory_bandwidth_Bps,
+                 "launch_floor_s": self.launch_floor_s}
+        bad = [k for k, v in rates.items() if not (isinstance(v, (int, float)) and v > 0 and math.isfinite(v))]
+        if missing or bad:
+            raise UserError(f"hardware descriptor {self.name!r}: needs positive rates; missing or bad: "
+                            f"{', '.join([f'gemm {d}' for d in missing] + bad)}")
+
+    def features(self) -> torch.Tensor:
+        """[1, DESCRIPTOR_FEATURES] float32: (log10(rate) - centre) / 2 per rate, then 1 for a GPU."""
+        rates = [self.gemm_flops_per_s[d] for d in GEMM_DTYPES] + [
+            self.vector_flops_per_s, self.memory_bandwidth_Bps, self.launch_floor_s]
+        values = [(math.log10(r) - c) / 2 for r, c in zip(rates, _CENTRE)] + [float(self.kind == "gpu")]
+        return torch.tensor([values], dtype=torch.float32)
+
+    def hardware(self) -> Hardware:
+        return Hardware(self.name, self.description, dict(self.gemm_flops_per_s),
+                        vector_flops_per_s=self.vector_flops_per_s,
+                        memory_bandwidth_Bps=self.memory_bandwidth_Bps, source=self.source)
+
+    def profile(self):
+        """The physical prior for this hardware: the calibrated curves of its kind (``cpu`` or ``h100``),
+        with the calibrated machine's peaks scaled by this descriptor's rates over that machine's
+        descriptor (measured the same way), so that on the calibrated machine itself the prior is
+        exactly the calibrated one and elsewhere it moves with the measured ceilings."""
+        from dataclasses import replace
+
+        from gnn_ptp import prior
+
+        table = prior.calibration()
+        curves = self.curves or ("cpu" if self.kind == "cpu" else "h100")
+        if curves not in table or curves not in HARDWARE:
+            return prior.Profile(self.hardware(), launch_floor_s=self.launch_floor_s)
+        base_hw, ref = HARDWARE[curves], calibrated_descriptor(curves)
+        rates = {d: base_hw.flops_per_s.get(d, base_hw.flops_per_s["fp32"]) * self.gemm_flops_per_s[d]
+                 / ref.gemm_flops_per_s[d] for d in GEMM_DTYPES}
+        hw = Hardware(self.name, self.description, rates,
+                      vector_flops_per_s=base_hw.vector_flops_per_s * self.vector_flops_per_s / ref.vector_flops_per_s,
+                      memory_bandwidth_Bps=base_hw.memory_bandwidth_Bps * self.memory_bandwidth_Bps
+                      / ref.memory_bandwidth_Bps, source=self.source)
+        profile = prior.profile_from_dict(hw, table[curves])
+        return replace(profile, launch_floor_s=profile.launch_floor_s * self.launch_floor_s / ref.launch_floor_s)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Descriptor":
+        try:
+            return cls(**d)
+        except TypeError as e:
+            raise UserError(f"hardware descriptor: {e}") from None
+
+
+def _from_hardware(hw: Hardware, launch_floor_s: float) -> Descriptor:
+    rates = {d: hw.flops_per_s.get(d, hw.flops_per_s["fp32"]) for d in GEMM_DTYPES}
+    return Descriptor(hw.name, "gpu", rates, hw.vector_flops_per_s, hw.memory_bandwidth_Bps, launch_floor_s,
+                      hw.description, hw.source + " (datasheet)", measured=False, curves="h100")
+
+
+GPU_DESCRIPTORS = {name: _from_hardware(HARDWARE[name], 5e-6) for name in ("h100", "h200", "a100")}
+"""Datasheet descriptors (dense rates, ../shared/reference/h100.md); the 5 us launch floor is assumed, as
+in the prior's H100 calibration."""
+
+
+def reference_cpu() -> Descriptor:
+    """This project's reference CPU as ``gnn_ptp/hardware.py`` quotes it (records without a CPU model)."""
+    from gnn_ptp import prior
+
+    hw = HARDWARE["cpu"]
+    rates = {d: hw.flops_per_s.get(d, hw.flops_per_s["fp32"]) for d in GEMM_DTYPES}
+    rates["tf32"] = rates["fp32"]
+    floor = prior.calibration().get("cpu", {}).get("launch_floor_s", 3e-6)
+    return Descriptor("cpu", "cpu", rates, hw.vector_flops_per_s, hw.memory_bandwidth_Bps, floor, hw.description,
+                      hw.source, measured=True, curves="cpu")
+
+
+def calibrated_descriptor(curves: str) -> Descriptor:
+    """The descriptor of the machine whose curves ``prior_calibration.json`` holds under ``curves``: the
+    H100's datasheet for "h100"; for "cpu" the stored measurement of the CPU model it names (this project's
+    AMD EPYC), else ``reference_cpu()``."""
+    if curves != "cpu":
+        return GPU_DESCRIPTORS.get(curves, GPU_DESCRIPTORS["h100"])
+    from gnn_ptp import prior
+
+    model = prior.calibration().get("cpu", {}).get("cpu_model")
+    found = stored_cpus().get(slug(model)) if model else None
+    return found or reference_cpu()
+
+
+def slug(cpu_model: str) -> str:
+    """A file name for a CPU model: 'AMD EPYC 7B13' -> 'amd-epyc-7b13'."""
+    return re.sub(r"[^a-z0-9]+", "-", cpu_model.lower()).strip("-") or "unknown-cpu"
+
+
+def stored_cpus(folder: Path | None = None) -> dict[str, Descriptor]:
+    """The measured CPU descriptors in ``folder`` (default ``DESCRIPTOR_DIR``), by CPU-model slug."""
+    return dict(_stored_cpus(str(folder or DESCRIPTOR_DIR)))
+
+
+@lru_cache(maxsize=8)
+def _stored_cpus(folder: str) -> dict[str, Descriptor]:
+    out = {}
+    for path in sorted(Path(folder).glob("*.json")):
+        try:
+            d = Descriptor.from_dict(json.loads(path.read_text()))
+        except (ValueError, UserError) as e:
+            raise UserError(f"hardware descriptor file {path}: {e}") from None
+        out[path.stem] = d
+    return out
+
+
+def for_env(env: dict, folder: Path | None = None) -> Descriptor:
+    """The descriptor of the hardware a record was measured on (its ``env``); CPUs from ``folder``
+    (default ``DESCRIPTOR_DIR``)."""
+    folder = Path(folder or DESCRIPTOR_DIR)
+    hardware = env.get("hardware", "?")
+    if hardware == "cpu":
+        model = env.get("cpu_model")
+        if not model:
+            return reference_cpu()
+        found = stored_cpus(folder).get(slug(model))
+        if found is None:
+            raise UserError(f"no hardware descriptor for CPU {model!r} (looked for {folder}/{slug(model)}.json); "
+                            "measure it on that machine: python -m gnn_ptp.descriptor --measure --write")
+        return found
+    if hardware in GPU_DESCRIPTORS:  # records.hardware_label already named the GPU kind
+        return GPU_DESCRIPTORS[hardware]
+    name = env.get("device_name") or hardware
+    raise UserError(f"no hardware descriptor for device {name!r} (hardware {hardware!r}); known GPUs: "
+                    f"{', '.join(GPU_DESCRIPTORS)}; CPUs: {', '.join(stored_cpus(folder)) or 'none'}")
+
+
+def attach(samples: list, descriptors: list[Descriptor]) -> None:
+    """Give every sample its hardware's features (``hw`` [1, D]) and the prior's per-node log ms under
+    that hardware (``prior_log_ms`` [N]): what ``hardware_descriptor`` and ``log_ratio_prior`` read."""
+    from gnn_ptp import prior
+
+    profiles: dict[str, object] = {}
+    for s, d in zip(samples, descriptors, strict=True):
+        if d.name not in profiles:
+            profiles[d.name] = d.profile()
+        s.hw = d.features()
+        s.prior_log_ms = prior.log_node_ms({"x": s.x, "x_cat": s.x_cat}, profiles[d.name])
+        s.hardware_name = d.name
+        _by_name[d.name] = d
+
+
+def attach_measured(samples: list, measured: list) -> None:
+    """``attach`` with each sample's descriptor found from its record's environment (``Measured.env``)."""
+    env_of = {m.key: m.env or {"hardware": m.hardware} for m in measured}
+    attach(samples, [for_env(env_of[s.key]) for s in samples])
+
+
+def of_samples(samples: list) -> Descriptor:
+    """The hardware of training samples (``attach``ed): the one descriptor they share, or the most common."""
+    from collections import Counter
+
+    names = Counter(getattr(s, "hardware_name", None) for s in samples)
+    name = names.most_common(1)[0][0]
+    if name is None:
+        raise UserError("samples carry no hardware descriptor (descriptor.attach first)")
+    return _by_name[name]
+
+
+_by_name: dict[str, Descriptor] = {}
+"""Descriptors ``attach`` has seen, by name (for ``of_samples``)."""
+
+
+def mean_log_ratio(samples: list) -> float:
+    """Mean log(measured / prior) phase time over samples and their non-empty phases: where a model that
+    predicts the log-ratio to the prior starts."""
+    from gnn_ptp.model import N_PHASES, scatter_logsumexp
+
+    values = []
+    for s in samples:
+        prior_phase = scatter_logsumexp(s.prior_log_ms.double(), s.phase, N_PHASES)
+        y = s.y[0, :N_PHASES].double()
+        keep = torch.isfinite(prior_phase) & (y > math.log(1e-5))
+        values.append((y - prior_phase)[keep])
+    return float(torch.cat(values).mean()) if values else 0.0
+
+
+# --- measuring a CPU ------------------------------------------------------------------------------------
+
+
+def _best_s(fn, repeat: int = 5, min_s: float = 0.002) -> float:
+    """Least seconds per call of ``fn`` over ``repeat`` rounds of at least ``min_s`` each."""
+    fn()
+    best = math.inf
+    for _ in range(repeat):
+        calls, start = 0, time.perf_counter()
+        while True:
+            fn()
+            calls += 1
+            elapsed = time.perf_counter() - start
+            if elapsed >= min_s:
+                break
+        best = min(best, elapsed / calls)
+    return best
+
+
+def cpu_model() -> str:
+    """The CPU model name as records store it (``env.cpu_model``)."""
+    from gnn_ptp.records import _cpu_model
+
+    return _cpu_model() or "unknown CPU"
+
+
+def measure_cpu(threads: int = 1, sizes=(512, 1024, 2048), log=None) -> Descriptor:
+    """This CPU's ceilings with ``threads`` torch threads: the best GEMM rate per dtype over ``sizes``
+    (fp32, bf16, fp16 (sizes up to 512 only: CPUs without fp16 GEMM units run it ~100x slower);
+    tf32 = fp32), the in-cache element-wise rate, copy bandwidth of a 64 MiB array
+    (read + write) and the dispatch floor of a one-element add. About 20 s on one core."""
+    log = log or (lambda msg: None)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        gemm = {}
+        for dtype, name in ((torch.float32, "fp32"), (torch.bfloat16, "bf16"), (torch.float16, "fp16")):
+            best = 0.0
+            for n in (sizes if name != "fp16" else [n for n in sizes if n <= 512] or sizes[:1]):
+                a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+                best = max(best, 2 * n ** 3 / _best_s(lambda: torch.mm(a, b), repeat=3, min_s=0.05))
+            gemm[name] = best
+            log(f"gemm {name}: {best / 1e9:.1f} GFLOP/s")
+        gemm["tf32"] = gemm["fp32"]
+        one = torch.zeros(1)
+        floor = _best_s(lambda: torch.add(one, 1.0), repeat=9)
+        small = torch.randn(65536)  # 256 kB: in cache, so compute binds, not memory
+        out = torch.empty_like(small)
+        vector = small.numel() / max(_best_s(lambda: torch.mul(small, 1.0001, out=out)) - floor, 1e-9)
+        x = torch.randn(64 * 1024 * 1024 // 4)  # 64 MiB, beyond the caches
+        y = torch.empty_like(x)
+        bandwidth = 2 * x.numel() * 4 / _best_s(lambda: y.copy_(x), repeat=5, min_s=0.05)
+        log(f"vector {vector / 1e9:.2f} GFLOP/s, copy {bandwidth / 1e9:.1f} GB/s, floor {floor * 1e6:.2f} us")
+    finally:
+        torch.set_num_threads(previous)
+    from gnn_ptp.records import now_utc
+
+    model = cpu_model()
+    return Descriptor(slug(model), "cpu", gemm, vector, bandwidth, floor, f"{model}, {threads} thread(s)",
+                      f"measured by gnn_ptp.descriptor.measure_cpu, {threads} thread(s), torch "
+                      f"{torch.__version__}, {now_utc()}", measured=True, curves="cpu",
+                      extra={"cpu_model": model, "threads": threads})
+
+
+def write(descriptor: Descriptor, folder: Path | None = None) -> Path:
+    from gnn_ptp.store import atomic_write_json
+
+    folder = Path(folder or DESCRIPTOR_DIR)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{descriptor.name}.json"
+    atomic_write_json(descriptor.to_dict(), path)
+    _stored_cpus.cache_clear()
+    return path
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m gnn_ptp.descriptor",
+                                description="Show the hardware descriptors, or measure this CPU's.")
+    p.add_argument("--measure", action="store_true", help="measure this CPU (pin it: taskset -c N)")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--write", action="store_true", help=f"store the measurement in {DESCRIPTOR_DIR}/")
+    args = p.parse_args(argv)
+    if args.write and not args.measure:
+        print("python -m gnn_ptp.descriptor: error: --write needs --measure", file=sys.stderr)
+        return 2
+    if args.measure:
+        d = measure_cpu(args.threads, log=lambda m: print(m, file=sys.stderr))
+        print(json.dumps(d.to_dict(), indent=1))
+        if args.write:
+            print(f"written to {write(d)}", file=sys.stderr)
+        return 0
+    rows = [*GPU_DESCRIPTORS.values(), *stored_cpus().values()]
+    print(f"{'name':<12}{'kind':<5}{'fp32':>10}{'bf16':>10}{'vector':>10}{'GB/s':>9}{'floor us':>9}  source")
+    for d in rows:
+        rates = "".join(f"{r / 1e12:>9.3g}T" for r in (d.gemm_flops_per_s["fp32"], d.gemm_flops_per_s["bf16"],
+                                                        d.vector_flops_per_s))
+        print(f"{d.name:<12}{d.kind:<5}{rates}{d.memory_bandwidth_Bps / 1e9:>9.1f}{d.launch_floor_s * 1e6:>9.2f}  "
+              f"{d.source}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

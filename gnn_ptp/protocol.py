@@ -1,0 +1,437 @@
+"""``gnn-ptp evaluate --protocol lofo|size|hardware``: an evaluation protocol that trains its own models.
+
+One held-out split (``gnn-ptp evaluate``) says little: three families, a wide interval. The protocol
+retrains from scratch for every fold and scores every predictor on the same held-out configurations:
+
+- ``lofo``: leave one family out, for every family (or ``--families``): train on the rest (a few of them,
+  drawn with the seed, for early stopping), test on the one left out. Mean and worst family MAPE.
+- ``size``: train on the smaller half of the configurations by FLOPs, test on those at least 4x larger
+  than the largest training one (size extrapolation; validation: 15 % of the training half, seeded).
+- ``hardware``: train on one hardware kind (by descriptor: a CPU model, a GPU kind), test on another,
+  every ordered pair; needs datasets of two kinds or more (several ``--data`` folders).
+
+Predictors: each GNN variant (``gnn``: the training config as given; ``gnn-prior``: the same predicting
+the log-ratio to the physical prior, with the hardware descriptor fed in), the ridge regression on graph
+totals (``gnn_ptp/baselines.py``, fitted on the same training and validation configurations) and the
+prior alone. Every MAPE comes with a bootstrap 95 % interval (families and configurations resampled) and
+the label noise floor of the same configurations: the error a perfect predictor of the true mean would
+show against labels that average n noisy measurements, sqrt(2/pi) x the measurements' relative standard
+deviation / sqrt(n), from configurations measured more than once.
+
+Training many models takes time: ``--epochs``, ``--patience``, ``--families`` and ``--seeds`` set the
+budget (CI runs it on synthetic data in seconds).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+import sys
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from gnn_ptp import dataset, metrics
+from gnn_ptp.errors import UserError, closest
+
+PROTOCOLS = ("lofo", "size", "hardware")
+VARIANTS = ("gnn", "gnn-prior")
+SIZE_FACTOR = 4.0
+"""``size``: test configurations have at least this many times the FLOPs of the largest training one."""
+TARGETS = {"lofo_mean_mape": 8.0, "lofo_worst_mape": 15.0, "size_mape": 12.0, "hardware_mape": 15.0,
+           "ridge_ratio": 1.5}
+"""The issue's targets (MAPE in %; the GNN's MAPE at least ridge_ratio times lower than the ridge's)."""
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How much training the protocol may spend."""
+
+    epochs: int | None = None
+    """Epochs per model (None: the training config's)."""
+    patience: int | None = None
+    """Early-stopping patience (None: the config's, capped at epochs)."""
+    families: tuple[str, ...] | None = None
+    """lofo: hold out only these families (all of them train the other folds); None: every family."""
+    seeds: tuple[int, ...] = (0,)
+    """Each seed retrains every model (split of validation families, initialisation, batches)."""
+    variants: tuple[str, ...] = VARIANTS
+    threads: int | None = None
+    """torch threads for training (None: torch's default)."""
+    bootstrap: int = 2000
+    """Bootstrap resamples for the 95 % intervals."""
+
+    def __post_init__(self):
+        for name in ("epochs", "patience"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise UserError(f"protocol budget: {name} = {value!r} must be a positive integer")
+        unknown = [v for v in self.variants if v not in VARIANTS]
+        if unknown or not self.variants:
+            raise UserError(f"protocol variants {list(unknown) or '(none)'}: allowed: {', '.join(VARIANTS)}"
+                            + (closest(unknown[0], VARIANTS) if unknown else ""))
+        if not self.seeds:
+            raise UserError("protocol needs at least one seed")
+
+
+# --- data -------------------------------------------------------------------------------------------------
+
+
+def load(data_dirs, precision_aware: bool = True, log=None, strict: bool = False):
+    """Samples of every folder with their hardware attached (``descriptor.attach``), the measured
+    configurations, and each configuration's repeated step-time medians (for the noise floor)."""
+    from gnn_ptp import descriptor
+    from gnn_ptp.records import iter_records, measurement_problem
+
+    measured, samples, repeats = [], [], defaultdict(list)
+    for data_dir in data_dirs:
+        m = dataset.measured_configs(data_dir, strict=strict)
+        s = dataset.make_samples(m, dataset.load_graphs(data_dir, m, precision_aware, log=log))
+        descriptor.attach_measured(s, m)
+        names = sorted({x.hardware_name for x in s})
+        if len(names) > 1:
+            raise UserError(f"{data_dir} mixes hardware {names}; keep one folder per hardware kind")
+        measured += m
+        samples += s
+        for r in iter_records(data_dir, warn=lambda _: None, strict=False, check=measurement_problem):
+            if r.get("status") == "ok" and (r.get("ddp") or {}).get("world_size", 1) == 1:
+                repeats[r["key"]].append(float(r["timing"]["step_ms"]["median"]))
+    if not samples:
+        raise UserError(f"none of the configurations in {', '.join(map(str, data_dirs))} could be traced")
+    return measured, samples, dict(repeats)
+
+
+def prepare_many(data_dirs, cfg, log, strict: bool = False):
+    """``train.prepare`` for several dataset folders (one per hardware kind, e.g. two CPU models): one
+    checkpoint learns them all, told apart by their descriptors. Whole families go to one split on every
+    hardware."""
+    if not cfg.model.hardware_descriptor:
+        raise UserError("training on several --data folders needs [model] hardware_descriptor = true: without "
+                        "it the model cannot tell their hardware apart")
+    measured, samples, _ = load(data_dirs, cfg.model.precision_aware, log, strict)
+    targets = sorted({dataset.trace_target(m.hardware) for m in measured})
+    if len(targets) > 1:
+        raise UserError(f"--data folders {', '.join(map(str, data_dirs))} trace for {' and '.join(targets)}: "
+                        "train CPU and GPU hardware apart")
+    split = dataset.family_split([s.family for s in samples], cfg.seed, cfg.test_families, cfg.val_families,
+                                 cfg.test_fraction, cfg.val_fraction)
+    parts = {name: [s for s in samples if split[s.family] == name] for name in ("train", "val", "test")}
+    return measured, samples, split, parts
+
+
+def noise_floor(keys, repeats: dict) -> float | None:
+    """The label noise floor (%) of these configurations: mean over those measured n >= 2 times of
+    sqrt(2/pi) x relative sd / sqrt(n) (None when none was measured twice)."""
+    floors = []
+    for k in keys:
+        v = np.asarray(repeats.get(k, ()), dtype=float)
+        if len(v) >= 2 and v.mean() > 0:
+            floors.append(math.sqrt(2 / math.pi) * v.std(ddof=1) / v.mean() / math.sqrt(len(v)) * 100)
+    return float(np.mean(floors)) if floors else None
+
+
+def step_flops(sample) -> float:
+    """Total FLOPs of a sample's step (node feature 0 is log2(1 + FLOPs))."""
+    return float((torch.exp2(sample.x[:, 0].double()) - 1).sum())
+
+
+# --- training one fold -----------------------------------------------------------------------------------
+
+
+def _variant_config(base, variant: str, budget: Budget, seed: int, test, val):
+    model = base.model
+    if variant == "gnn-prior":
+        model = dataclasses.replace(model, target="log_ratio_prior", hardware_descriptor=True)
+    epochs = budget.epochs or base.epochs
+    patience = min(budget.patience or base.patience, epochs)
+    return dataclasses.replace(base, model=model, epochs=epochs, patience=patience, seed=seed,
+                               test_families=tuple(test), val_families=tuple(val),
+                               threads=budget.threads or base.threads)
+
+
+def fit_predict(base, budget: Budget, seed: int, parts: dict, measured, log) -> tuple[dict, dict]:
+    """Train every variant on ``parts["train"]`` (early stopping on ``parts["val"]``) and predict the step
+    ms of ``parts["test"]``; also the ridge and the prior. Returns (predictions by name, info)."""
+    from gnn_ptp.baselines import GraphTotalsRidge
+    from gnn_ptp.train import predict_samples, train
+
+    test = parts["test"]
+    out, info = {}, {}
+    for variant in budget.variants:
+        cfg = _variant_config(base, variant, budget, seed, sorted({s.family for s in test}),
+                              sorted({s.family for s in parts["val"]}))
+        split = {s.family: name for name, part in parts.items() for s in part}
+        start = time.perf_counter()
+        everything = [x for part in parts.values() for x in part]
+        result = train(cfg, None, None, log=lambda _: None, prepared=(measured, everything, split, parts))
+        out[variant] = predict_samples(result["model"], test)["pred_ms"][:, 3]
+        info[variant] = {"best_epoch": result["best_epoch"], "val_mape": result["val_mape"],
+                         "train_s": round(time.perf_counter() - start, 1)}
+    ridge = GraphTotalsRidge().fit(parts["train"], parts["val"])
+    out["ridge"] = ridge.predict_ms(test)[:, 3]
+    out["prior"] = np.array([float(s.prior_log_ms.double().exp().sum()) for s in test])
+    return out, info
+
+
+# --- scoring ---------------------------------------------------------------------------------------------
+
+
+def _interval(values) -> list[float]:
+    return [float(np.quantile(values, 0.025)), float(np.quantile(values, 0.975))]
+
+
+def score_groups(errors: dict[int, dict[str, np.ndarray]], rng, resamples: int) -> dict:
+    """errors[seed][group] = absolute percentage errors of one predictor. Mean over groups of each group's
+    MAPE (averaged over seeds), the worst group, per group, with bootstrap 95 % intervals (groups and
+    configurations within them resampled; the same resample for every seed)."""
+    seeds = sorted(errors)
+    groups = sorted(errors[seeds[0]])
+    per_group = {g: float(np.mean([errors[s][g].mean() for s in seeds])) for g in groups}
+    mean = float(np.mean(list(per_group.values())))
+    worst = max(groups, key=per_group.get)
+    boots_mean, boots_group = [], defaultdict(list)
+    for _ in range(resamples):
+        chosen = rng.integers(0, len(groups), len(groups))
+        picks = {g: rng.integers(0, len(errors[seeds[0]][g]), len(errors[seeds[0]][g])) for g in groups}
+        group_mape = {g: np.mean([errors[s][g][picks[g]].mean() for s in seeds]) for g in groups}
+        boots_mean.append(np.mean([group_mape[groups[i]] for i in chosen]))
+        for g in groups:
+            boots_group[g].append(group_mape[g])
+    pooled = np.concatenate([np.concatenate([errors[s][g] for g in groups]) for s in seeds])
+    return {"mean_mape": mean, "mean_ci95": _interval(boots_mean), "worst_family": worst,
+            "worst_mape": per_group[worst], "worst_ci95": _interval(boots_group[worst]),
+            "pooled_mape": float(pooled.mean()),
+            "per_seed_mean_mape": {str(s): float(np.mean([errors[s][g].mean() for g in groups])) for s in seeds},
+            "per_group": {g: {"mape": per_group[g], "ci95": _interval(boots_group[g]),
+                              "n": int(len(errors[seeds[0]][g]))} for g in groups}}
+
+
+def _predictors(budget: Budget) -> list[str]:
+    return [*budget.variants, "ridge", "prior"]
+
+
+# --- the protocols ----------------------------------------------------------------------------------------
+
+
+def run(protocol: str, data_dirs, config=None, budget: Budget = Budget(), log=None, strict: bool = False,
+        loaded=None) -> dict:
+    """Run one protocol; ``config`` is a training config path or ``TrainConfig`` (default: defaults)."""
+    from gnn_ptp.train import TrainConfig, load_train_config
+
+    if protocol not in PROTOCOLS:
+        raise UserError(f"--protocol {protocol!r}: allowed: {', '.join(PROTOCOLS)}" + closest(protocol, PROTOCOLS))
+    log = log or (lambda msg: print(msg, file=sys.stderr))
+    base = config if isinstance(config, TrainConfig) else load_train_config(config)
+    data_dirs = [data_dirs] if isinstance(data_dirs, (str, Path)) else list(data_dirs)
+    if protocol == "hardware" and loaded is None:
+        _check_kinds(data_dirs, strict)  # from the records alone, before any graph is traced
+    measured, samples, repeats = loaded or load(data_dirs, base.model.precision_aware, log, strict)
+    rng = np.random.default_rng(0)
+    start = time.perf_counter()
+    if protocol == "lofo":
+        result = _lofo(base, budget, measured, samples, repeats, rng, log)
+    elif protocol == "size":
+        result = _size(base, budget, measured, samples, repeats, rng, log)
+    else:
+        result = _hardware(base, budget, measured, samples, repeats, rng, log)
+    result.update(protocol=protocol, data=[str(d) for d in data_dirs], n_samples=len(samples),
+                  budget=dataclasses.asdict(budget), train_config=base.to_dict(),
+                  wall_s=round(time.perf_counter() - start, 1), targets=TARGETS)
+    return result
+
+
+def _lofo(base, budget, measured, samples, repeats, rng, log) -> dict:
+    families = sorted({s.family for s in samples})
+    held = list(budget.families or families)
+    unknown = sorted(set(held) - set(families))
+    if unknown:
+        raise UserError(f"--families {unknown}: not in the data; families: {', '.join(families)}")
+    if len(families) < 3:
+        raise UserError(f"lofo needs 3 families or more (train, validation, test); the data has {families}")
+    errors = {p: {} for p in _predictors(budget)}
+    folds = []
+    for seed in budget.seeds:
+        for p in errors:
+            errors[p][seed] = {}
+        for family in held:
+            split = dataset.family_split([s.family for s in samples], seed, test_families=[family],
+                                         val_fraction=base.val_fraction)
+            parts = {n: [s for s in samples if split[s.family] == n] for n in ("train", "val", "test")}
+            tick = time.perf_counter()
+            pred, info = fit_predict(base, budget, seed, parts, measured, log)
+            true = np.exp(np.array([float(s.y[0, 3]) for s in parts["test"]]))
+            for p, values in pred.items():
+                errors[p][seed][family] = metrics.ape(values, true)
+            folds.append({"seed": seed, "test": family, "n_test": len(parts["test"]),
+                          "val": sorted({s.family for s in parts["val"]}), **info})
+            log(f"lofo seed {seed} {family:<20} n {len(parts['test']):3d}  "
+                + "  ".join(f"{p} {errors[p][seed][family].mean():5.1f}%" for p in errors)
+                + f"  ({time.perf_counter() - tick:.0f} s)")
+    keys_of = {f: [s.key for s in samples if s.family == f] for f in held}
+    scores = {p: score_groups(errors[p], rng, budget.bootstrap) for p in errors}
+    floors = {f: noise_floor(keys_of[f], repeats) for f in held}
+    for p, sc in scores.items():
+        for f, row in sc["per_group"].items():
+            row["noise_floor"] = floors[f]
+    floor = noise_floor([k for f in held for k in keys_of[f]], repeats)
+    return {"predictors": scores, "noise_floor": floor,
+            "noise_floor_mean_of_families": float(np.mean([v for v in floors.values() if v is not None]))
+            if any(v is not None for v in floors.values()) else None,
+            "families": held, "folds": folds, "ratios": _ratios(scores, budget, "mean_mape", "worst_mape")}
+
+
+def _ratios(scores: dict, budget: Budget, *fields) -> dict:
+    out = {}
+    for v in budget.variants:
+        for f in fields:
+            mine, ridge = scores[v][f], scores["ridge"][f]
+            out[f"{v} {f}"] = ridge / mine if mine else None
+    return out
+
+
+def size_split(samples: list, seed: int, factor: float | None = None, val_fraction: float = 0.15) -> dict:
+    """The smaller half by FLOPs to train (val_fraction of it drawn for validation), and every configuration
+    with at least ``factor`` x the training maximum to test."""
+    factor = SIZE_FACTOR if factor is None else factor
+    order = sorted(samples, key=step_flops)
+    half = order[:len(order) // 2]
+    top = step_flops(half[-1])
+    test = [s for s in order if step_flops(s) >= factor * top]
+    pool = list(half)
+    random.Random(seed).shuffle(pool)
+    n_val = max(1, round(val_fraction * len(pool)))
+    return {"train": pool[n_val:], "val": pool[:n_val], "test": test, "train_max_flops": top}
+
+
+def _size(base, budget, measured, samples, repeats, rng, log) -> dict:
+    errors = {p: {} for p in _predictors(budget)}
+    folds = []
+    for seed in budget.seeds:
+        parts = size_split(samples, seed, val_fraction=base.val_fraction)
+        top = parts.pop("train_max_flops")
+        if not parts["test"]:
+            raise UserError(f"size: no configuration has {SIZE_FACTOR:g}x the FLOPs of the smaller half's largest "
+                            f"({top:.3g}); the data spans too narrow a range")
+        tick = time.perf_counter()
+        pred, info = fit_predict(base, budget, seed, parts, measured, log)
+        true = np.exp(np.array([float(s.y[0, 3]) for s in parts["test"]]))
+        for p, values in pred.items():
+            errors[p][seed] = {"size": metrics.ape(values, true)}
+        folds.append({"seed": seed, "n_train": len(parts["train"]), "n_val": len(parts["val"]),
+                      "n_test": len(parts["test"]), "train_max_flops": top,
+                      "test_min_flops": min(step_flops(s) for s in parts["test"]),
+                      "test_max_flops": max(step_flops(s) for s in parts["test"]),
+                      "test_families": sorted({s.family for s in parts["test"]}), **info})
+        log(f"size seed {seed}: train {len(parts['train'])} (<= {top:.3g} FLOPs), test {len(parts['test'])}  "
+            + "  ".join(f"{p} {errors[p][seed]['size'].mean():5.1f}%" for p in errors)
+            + f"  ({time.perf_counter() - tick:.0f} s)")
+        test_keys = [s.key for s in parts["test"]]
+    scores = {}
+    for p in errors:
+        sc = score_groups(errors[p], rng, budget.bootstrap)
+        scores[p] = {"mape": sc["mean_mape"], "ci95": sc["mean_ci95"],
+                     "per_seed_mape": sc["per_seed_mean_mape"], "n": sc["per_group"]["size"]["n"]}
+    return {"predictors": scores, "noise_floor": noise_floor(test_keys, repeats), "folds": folds,
+            "size_factor": SIZE_FACTOR, "ratios": _ratios(scores, budget, "mape")}
+
+
+def _check_kinds(data_dirs, strict: bool) -> None:
+    from gnn_ptp import descriptor
+
+    kinds = defaultdict(int)
+    for d in data_dirs:
+        for m in dataset.measured_configs(d, strict=strict):
+            kinds[descriptor.for_env(m.env or {"hardware": m.hardware}).name] += 1
+    _refuse_one_kind(kinds)
+
+
+def _refuse_one_kind(kinds: dict) -> None:
+    if len(kinds) < 2:
+        (name, n), = kinds.items()
+        raise UserError(f"--protocol hardware needs records of two hardware kinds or more; the data holds one: "
+                        f"{name} ({n} configurations); add another kind's folder with a second --data")
+
+
+def _hardware(base, budget, measured, samples, repeats, rng, log) -> dict:
+    kinds = defaultdict(list)
+    for s in samples:
+        kinds[s.hardware_name].append(s)
+    _refuse_one_kind({k: len(v) for k, v in kinds.items()})
+    pairs = {}
+    for train_kind in sorted(kinds):
+        for test_kind in sorted(kinds):
+            if train_kind == test_kind:
+                continue
+            errors = {p: {} for p in _predictors(budget)}
+            for seed in budget.seeds:
+                own = kinds[train_kind]
+                split = dataset.family_split([s.family for s in own], seed, test_families=[],
+                                             test_fraction=0.0, val_fraction=base.val_fraction)
+                parts = {"train": [s for s in own if split[s.family] == "train"],
+                         "val": [s for s in own if split[s.family] == "val"], "test": kinds[test_kind]}
+                pred, _ = fit_predict(base, budget, seed, parts, measured, log)
+                true = np.exp(np.array([float(s.y[0, 3]) for s in parts["test"]]))
+                for p, values in pred.items():
+                    errors[p][seed] = {test_kind: metrics.ape(values, true)}
+            scores = {p: score_groups(errors[p], rng, budget.bootstrap) for p in errors}
+            pairs[f"{train_kind} -> {test_kind}"] = {
+                "predictors": {p: {"mape": sc["mean_mape"], "ci95": sc["mean_ci95"]} for p, sc in scores.items()},
+                "noise_floor": noise_floor([s.key for s in kinds[test_kind]], repeats),
+                "n_test": len(kinds[test_kind])}
+            log(f"hardware {train_kind} -> {test_kind}: " + "  ".join(
+                f"{p} {sc['mean_mape']:5.1f}%" for p, sc in scores.items()))
+    return {"pairs": pairs, "kinds": {k: len(v) for k, v in kinds.items()}}
+
+
+# --- output ----------------------------------------------------------------------------------------------
+
+
+def _pct(x) -> str:
+    return "    -" if x is None else f"{x:5.1f}%"
+
+
+def _ci(ci) -> str:
+    return f"[{ci[0]:.1f}, {ci[1]:.1f}]"
+
+
+def format_result(r: dict) -> str:
+    b = r["budget"]
+    lines = [f"protocol {r['protocol']} on {', '.join(r['data'])}: {r['n_samples']} configurations, seeds "
+             f"{', '.join(map(str, b['seeds']))}, epochs {b['epochs'] or r['train_config']['epochs']}, "
+             f"{r['wall_s']:.0f} s", ""]
+    if r["protocol"] == "lofo":
+        floor = r["noise_floor"]
+        lines.append(f"{'predictor':<12}{'mean MAPE':>10}  {'95% CI':<14}{'worst family':>22}  {'95% CI':<14}"
+                     f"{'pooled':>8}   noise floor {_pct(floor).strip()}")
+        for p, sc in r["predictors"].items():
+            lines.append(f"{p:<12}{_pct(sc['mean_mape']):>10}  {_ci(sc['mean_ci95']):<14}"
+                         f"{sc['worst_family'] + ' ' + _pct(sc['worst_mape']).strip():>22}  {_ci(sc['worst_ci95']):<14}"
+                         f"{_pct(sc['pooled_mape']):>8}")
+        names = list(r["predictors"])
+        lines += ["", f"{'family':<20}{'n':>4}" + "".join(f"{p:>12}" for p in names) + f"{'noise floor':>13}"]
+        for f in r["families"]:
+            row = r["predictors"][names[0]]["per_group"][f]
+            lines.append(f"{f:<20}{row['n']:>4}" + "".join(f"{_pct(r['predictors'][p]['per_group'][f]['mape']):>12}"
+                                                          for p in names) + f"{_pct(row['noise_floor']):>13}")
+    elif r["protocol"] == "size":
+        fold = r["folds"][0]
+        lines.append(f"train: {fold['n_train']} configurations <= {fold['train_max_flops']:.3g} FLOPs "
+                     f"(+{fold['n_val']} "
+                     f"validation); test: {fold['n_test']} >= {r['size_factor']:g}x that "
+                     f"({', '.join(fold['test_families'])})")
+        lines.append(f"{'predictor':<12}{'MAPE':>8}  {'95% CI':<14}   noise floor {_pct(r['noise_floor']).strip()}")
+        for p, sc in r["predictors"].items():
+            lines.append(f"{p:<12}{_pct(sc['mape']):>8}  {_ci(sc['ci95']):<14}")
+    else:
+        for pair, row in r["pairs"].items():
+            lines.append(f"{pair} (n {row['n_test']}, noise floor {_pct(row['noise_floor']).strip()}): " + "  ".join(
+                f"{p} {_pct(v['mape']).strip()} {_ci(v['ci95'])}" for p, v in row["predictors"].items()))
+    if r.get("ratios"):
+        lines += ["", "ridge / gnn MAPE (target >= 1.5x): " + ", ".join(
+            f"{k} {v:.2f}x" for k, v in r["ratios"].items() if v is not None)]
+    return "\n".join(lines)

@@ -1,0 +1,153 @@
+"""Hardware descriptors (gnn_ptp/descriptor.py): datasheet GPUs, the measured CPU of this project, records
+mapped to descriptors, the prior priced per descriptor. The "second CPU" here is SYNTHETIC (made-up rates,
+named so): no record of another CPU kind exists in this repository."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from gnn_ptp import descriptor, ops, prior
+from gnn_ptp.descriptor import DESCRIPTOR_FEATURES, Descriptor
+from gnn_ptp.errors import UserError
+from gnn_ptp.graph import NODE_FEATURES
+
+
+def synthetic_cpu(factor: float = 0.5, name: str = "synthetic-slow-cpu") -> Descriptor:
+    """A SYNTHETIC CPU: this project's measured CPU with every rate times ``factor`` (floor / factor)."""
+    home = descriptor.stored_cpus()["amd-epyc"]
+    return Descriptor(name, "cpu", {k: v * factor for k, v in home.gemm_flops_per_s.items()},
+                      home.vector_flops_per_s * factor, home.memory_bandwidth_Bps * factor,
+                      home.launch_floor_s / factor, "SYNTHETIC CPU for tests", "made up", measured=False,
+                      curves="cpu")
+
+
+def nodes(flops, moved, dtype="fp32", category="matmul", tc=False):
+    """Node features of kernels with these FLOPs and bytes (graph.py's log2(1 + x) scale)."""
+    n = len(flops)
+    x = torch.zeros(n, NODE_FEATURES)
+    x[:, 0] = torch.log2(1 + torch.tensor(flops, dtype=torch.float64)).float()
+    x[:, 1] = torch.log2(1 + torch.tensor(moved, dtype=torch.float64)).float()
+    x[:, prior.TC_COLUMN] = float(tc)
+    x_cat = torch.zeros(n, 4, dtype=torch.long)
+    x_cat[:, 1] = ops.CATEGORIES.index(category)
+    x_cat[:, 2] = ops.DTYPES.index(dtype)
+    return x, x_cat
+
+
+def test_gpu_descriptors_are_the_datasheet_rates():
+    g = descriptor.GPU_DESCRIPTORS
+    assert g["h100"].gemm_flops_per_s["bf16"] == pytest.approx(989.4e12)
+    assert g["h100"].gemm_flops_per_s["fp32"] == pytest.approx(67e12)
+    assert g["h100"].memory_bandwidth_Bps == pytest.approx(3.35e12)
+    assert g["h200"].memory_bandwidth_Bps == pytest.approx(4.8e12)
+    assert g["h200"].gemm_flops_per_s == g["h100"].gemm_flops_per_s
+    assert g["a100"].gemm_flops_per_s["bf16"] == pytest.approx(312e12)
+    assert g["a100"].gemm_flops_per_s["tf32"] == pytest.approx(156e12)
+    assert all(d.kind == "gpu" and not d.measured for d in g.values())
+
+
+def test_this_cpu_s_descriptor_is_measured_and_stored_by_cpu_model():
+    home = descriptor.stored_cpus()["amd-epyc"]
+    stored = json.loads((descriptor.DESCRIPTOR_DIR / "amd-epyc.json").read_text())
+    assert home.measured and home.kind == "cpu" and stored["extra"]["cpu_model"] == "AMD EPYC"
+    assert home.gemm_flops_per_s["bf16"] > home.gemm_flops_per_s["fp32"] > home.vector_flops_per_s
+
+
+@pytest.mark.parametrize("env, name", [
+    ({"hardware": "cpu", "cpu_model": "AMD EPYC"}, "amd-epyc"),
+    ({"hardware": "h100", "device_name": "NVIDIA H100 80GB HBM3"}, "h100"),
+    ({"hardware": "h200", "device_name": "NVIDIA H200"}, "h200"),
+    ({"hardware": "a100", "device_name": "NVIDIA A100-SXM4-80GB"}, "a100"),
+    ({"hardware": "cpu"}, "cpu"),  # a record without a CPU model: the prior's reference CPU
+])
+def test_every_record_s_hardware_maps_to_a_descriptor(env, name):
+    assert descriptor.for_env(env).name == name
+
+
+def test_an_unmeasured_cpu_or_unknown_gpu_is_one_clear_error():
+    with pytest.raises(UserError, match=r"no hardware descriptor for CPU 'Intel\(R\) Xeon\(R\) Gold 6342'.*"
+                                        r"intel-r-xeon-r-gold-6342\.json.*--measure --write"):
+        descriptor.for_env({"hardware": "cpu", "cpu_model": "Intel(R) Xeon(R) Gold 6342"})
+    with pytest.raises(UserError, match="no hardware descriptor for device 'Tesla T4'.*h100"):
+        descriptor.for_env({"hardware": "t4", "device_name": "Tesla T4"})
+
+
+def test_a_descriptor_with_a_missing_or_bad_rate_is_refused():
+    with pytest.raises(UserError, match="gemm bf16"):
+        Descriptor("x", "cpu", {"fp32": 1e9, "tf32": 1e9, "fp16": 1e9}, 1e9, 1e9, 1e-6)
+    with pytest.raises(UserError, match="memory_bandwidth_Bps"):
+        Descriptor("x", "cpu", dict.fromkeys(descriptor.GEMM_DTYPES, 1e9), 1e9, -1.0, 1e-6)
+    with pytest.raises(UserError, match="kind 'tpu'"):
+        Descriptor("x", "tpu", dict.fromkeys(descriptor.GEMM_DTYPES, 1e9), 1e9, 1e9, 1e-6)
+
+
+def test_features_are_log_scaled_rates_and_a_gpu_flag():
+    h100, a100 = descriptor.GPU_DESCRIPTORS["h100"].features(), descriptor.GPU_DESCRIPTORS["a100"].features()
+    cpu = descriptor.stored_cpus()["amd-epyc"].features()
+    assert h100.shape == (1, DESCRIPTOR_FEATURES) and h100[0, -1] == 1 and cpu[0, -1] == 0
+    # bf16 column: log10 ratio / 2 between two GPUs
+    import math
+
+    assert float(h100[0, 3] - a100[0, 3]) == pytest.approx(math.log10(989.4 / 312) / 2, rel=1e-5)
+    assert float(cpu.abs().max()) < 3 and float(h100.abs().max()) < 3
+
+
+def test_the_home_cpu_s_descriptor_prices_exactly_the_calibrated_prior():
+    x, x_cat = nodes([1e3, 1e6, 1e9, 1e11], [1e3, 1e5, 1e7, 1e9])
+    for dtype, category in (("fp32", "matmul"), ("bf16", "matmul"), ("fp32", "elementwise")):
+        x_cat[:, 1], x_cat[:, 2] = ops.CATEGORIES.index(category), ops.DTYPES.index(dtype)
+        mine = prior.node_seconds(x, x_cat, descriptor.stored_cpus()["amd-epyc"].profile())
+        calibrated = prior.node_seconds(x, x_cat, prior.get_profile("cpu"))
+        torch.testing.assert_close(mine, calibrated, rtol=1e-9, atol=0)
+    h = descriptor.GPU_DESCRIPTORS["h100"].profile()
+    torch.testing.assert_close(prior.node_seconds(x, x_cat, h), prior.node_seconds(x, x_cat, prior.get_profile("h100")))
+
+
+def test_a_synthetic_cpu_at_half_the_rates_takes_twice_as_long_per_kernel():
+    x, x_cat = nodes([1e6, 1e9, 1e11], [1e4, 1e6, 1e8])
+    home = prior.node_seconds(x, x_cat, descriptor.stored_cpus()["amd-epyc"].profile())
+    slow = prior.node_seconds(x, x_cat, synthetic_cpu(0.5).profile())
+    torch.testing.assert_close(slow, 2 * home, rtol=1e-9, atol=0)
+
+
+def test_attach_gives_each_sample_its_hardware_s_features_and_prior():
+    from torch_geometric.data import Data
+
+    x, x_cat = nodes([1e6, 1e9], [1e4, 1e6])
+    a = Data(x=x, x_cat=x_cat, phase=torch.tensor([0, 1]))
+    b = Data(x=x.clone(), x_cat=x_cat.clone(), phase=torch.tensor([0, 1]))
+    home, slow = descriptor.stored_cpus()["amd-epyc"], synthetic_cpu(0.25)
+    descriptor.attach([a, b], [home, slow])
+    assert torch.equal(a.hw, home.features()) and torch.equal(b.hw, slow.features())
+    torch.testing.assert_close(b.prior_log_ms - a.prior_log_ms, torch.full((2,), float(torch.log(torch.tensor(4.0)))))
+    assert (a.hardware_name, b.hardware_name) == ("amd-epyc", "synthetic-slow-cpu")
+
+
+def test_descriptors_are_read_from_a_folder_keyed_by_cpu_model(tmp_path, monkeypatch):
+    shutil.copy(descriptor.DESCRIPTOR_DIR / "amd-epyc.json", tmp_path / "amd-epyc.json")
+    path = descriptor.write(synthetic_cpu(0.5, "synthetic-cpu-model-x"), tmp_path)
+    assert path.name == "synthetic-cpu-model-x.json"
+    monkeypatch.setattr(descriptor, "DESCRIPTOR_DIR", tmp_path)
+    found = descriptor.for_env({"hardware": "cpu", "cpu_model": "Synthetic CPU Model X"})
+    assert found == synthetic_cpu(0.5, "synthetic-cpu-model-x")
+
+
+def test_measure_cpu_returns_positive_ceilings_named_by_this_cpu(monkeypatch):
+    d = descriptor.measure_cpu(threads=1, sizes=(64, 128))
+    assert d.kind == "cpu" and d.measured and d.name == descriptor.slug(descriptor.cpu_model())
+    assert all(v > 0 for v in d.gemm_flops_per_s.values())
+    assert d.gemm_flops_per_s["tf32"] == d.gemm_flops_per_s["fp32"]
+    assert d.memory_bandwidth_Bps > 1e8 and 0 < d.launch_floor_s < 1e-3
+    assert torch.get_num_threads() >= 1
+
+
+def test_cli_lists_descriptors_and_refuses_write_without_measure(capsys):
+    assert descriptor.main([]) == 0
+    out = capsys.readouterr().out
+    assert "h100" in out and "amd-epyc" in out and "datasheet" in out
+    assert descriptor.main(["--write"]) == 2
+    assert "--write needs --measure" in capsys.readouterr().err

@@ -1,0 +1,312 @@
+"""The evaluation protocol (gnn_ptp/protocol.py, ``gnn-ptp evaluate --protocol``) and the GNN options it
+compares (``ModelConfig.target = "log_ratio_prior"``, ``hardware_descriptor``), on the SYNTHETIC dataset
+(made-up graphs and times, synthetic_data.py) with a tiny budget. The second hardware kind here is a
+SYNTHETIC CPU (made-up rates, test_descriptor.synthetic_cpu): cross-hardware is unmeasured in this
+repository, only the mechanism is tested."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from gnn_ptp import checkpoint, cli, dataset, descriptor, metrics, protocol, records
+from gnn_ptp.baselines import GraphTotalsRidge
+from gnn_ptp.errors import UserError
+from gnn_ptp.model import ModelConfig, StepTimeGNN
+from gnn_ptp.train import TrainConfig, predict_samples, train
+
+from synthetic_data import FAMILIES, load_synthetic_graphs, write_synthetic_dataset
+from test_descriptor import synthetic_cpu
+
+TINY = TrainConfig(model=ModelConfig(hidden=16, depth=1), epochs=2, threads=1)
+BUDGET = protocol.Budget(epochs=2, seeds=(0, 1), bootstrap=100, threads=1)
+SLOW_CPU_MODEL = "Synthetic Slow CPU"
+
+
+@pytest.fixture
+def synthetic_dir(tmp_path, monkeypatch):
+    monkeypatch.setattr(dataset, "load_graphs", load_synthetic_graphs)
+    return write_synthetic_dataset(tmp_path / "synthetic-cpu")
+
+
+@pytest.fixture
+def two_cpus(tmp_path, monkeypatch):
+    """Two SYNTHETIC dataset folders: the same made-up configurations on this project's CPU (records name
+    'AMD EPYC') and on a made-up CPU with a quarter of its rates whose steps take 3x as long; descriptors
+    of both in a temporary descriptor folder."""
+    monkeypatch.setattr(dataset, "load_graphs", load_synthetic_graphs)
+    folder = tmp_path / "descriptors"
+    folder.mkdir()
+    shutil.copy(descriptor.DESCRIPTOR_DIR / "amd-epyc.json", folder / "amd-epyc.json")
+    descriptor.write(synthetic_cpu(0.25, descriptor.slug(SLOW_CPU_MODEL)), folder)
+    monkeypatch.setattr(descriptor, "DESCRIPTOR_DIR", folder)
+    dirs = []
+    for name, cpu_model, factor in (("home", "AMD EPYC", 1.0), ("slow", SLOW_CPU_MODEL, 3.0)):
+        src = write_synthetic_dataset(tmp_path / f"src-{name}")
+        out = tmp_path / f"synthetic-{name}"
+        out.mkdir()
+        for r in records.iter_records(src):
+            r["env"] = {"hardware": "cpu", "cpu_model": cpu_model}
+            for k in dataset.PHASE_KEYS:
+                r["timing"][k] = {q: v * factor if q != "n" else v for q, v in r["timing"][k].items()}
+            records.append_record(r, out, "synthetic.jsonl")
+        dirs.append(out)
+    return dirs
+
+
+# --- the model options -------------------------------------------------------------------------------
+
+
+def test_model_config_validates_the_new_options():
+    with pytest.raises(UserError, match="target 'log_ratio' is not one of log_ms, log_ratio_prior"):
+        ModelConfig(target="log_ratio")
+    with pytest.raises(UserError, match="hardware_descriptor"):
+        ModelConfig(hardware_descriptor="yes")
+    assert not ModelConfig().needs_hardware and ModelConfig(target="log_ratio_prior").needs_hardware
+
+
+def _batch(synthetic_dir, hardware=None):
+    from torch_geometric.data import Batch
+
+    measured = dataset.measured_configs(synthetic_dir)
+    samples = dataset.make_samples(measured, dataset.load_graphs(synthetic_dir, measured))
+    if hardware is not None:
+        descriptor.attach(samples, [hardware] * len(samples))
+    return Batch.from_data_list(samples), samples
+
+
+@pytest.mark.parametrize("readout", ["node_sum", "pool"])
+def test_log_ratio_prior_with_a_zero_head_predicts_the_prior_times_exp_offset(synthetic_dir, readout):
+    home = descriptor.stored_cpus()["amd-epyc"]
+    batch, samples = _batch(synthetic_dir, home)
+    torch.manual_seed(0)
+    model = StepTimeGNN(ModelConfig(hidden=16, depth=1, readout=readout, target="log_ratio_prior")).eval()
+    head = model.node_time[-1] if readout == "node_sum" else model.pool_time[-1]
+    torch.nn.init.zeros_(head.weight)
+    torch.nn.init.zeros_(head.bias)
+    model.time_offset.fill_(0.7)
+    with torch.no_grad():
+        out = model(batch)
+    for i, s in enumerate(samples):
+        for p in range(3):
+            prior_ms = float(s.prior_log_ms[s.phase == p].double().exp().sum())
+            assert math.exp(float(out["log_phase_ms"][i, p])) == pytest.approx(prior_ms * math.exp(0.7), rel=1e-4)
+
+
+def test_the_descriptor_reaches_the_prediction_only_when_fed(synthetic_dir):
+    home, slow = descriptor.stored_cpus()["amd-epyc"], synthetic_cpu(0.25)
+    torch.manual_seed(0)
+    fed = StepTimeGNN(ModelConfig(hidden=16, depth=1, hardware_descriptor=True)).eval()
+    torch.manual_seed(0)
+    plain = StepTimeGNN(ModelConfig(hidden=16, depth=1)).eval()
+    with torch.no_grad():
+        a, b = fed(_batch(synthetic_dir, home)[0]), fed(_batch(synthetic_dir, slow)[0])
+        c, d = plain(_batch(synthetic_dir, home)[0]), plain(_batch(synthetic_dir, slow)[0])
+    assert not torch.allclose(a["log_phase_ms"], b["log_phase_ms"])
+    assert torch.equal(c["log_phase_ms"], d["log_phase_ms"])
+
+
+def test_a_model_that_needs_hardware_says_so_when_it_has_none(synthetic_dir):
+    model = StepTimeGNN(ModelConfig(hidden=16, depth=1, target="log_ratio_prior")).eval()
+    with pytest.raises(UserError, match="needs a hardware descriptor"):
+        model(_batch(synthetic_dir)[0])
+
+
+def test_residual_checkpoint_records_the_option_and_descriptor_and_round_trips(synthetic_dir, tmp_path):
+    cfg = dataclasses.replace(TINY, model=dataclasses.replace(TINY.model, target="log_ratio_prior",
+                                                              hardware_descriptor=True))
+    result = train(cfg, synthetic_dir, tmp_path / "ckpt", log=lambda _: None)
+    model, meta = checkpoint.load(tmp_path / "ckpt")
+    assert meta["model"]["target"] == "log_ratio_prior" and meta["model"]["hardware_descriptor"] is True
+    assert meta["hardware_descriptor"]["name"] == "cpu"  # synthetic records carry no CPU model
+    assert model.descriptor == descriptor.reference_cpu()
+    # graphs without attached hardware (as evaluate and predict build them) get the checkpoint's
+    batch, _ = _batch(synthetic_dir)
+    attached, _ = _batch(synthetic_dir, descriptor.reference_cpu())
+    with torch.no_grad():
+        before, after, bare = result["model"].eval()(attached), model(attached), model(batch)
+    for key in ("log_phase_ms", "log_node_ms"):
+        assert torch.equal(before[key], after[key]) and torch.allclose(after[key], bare[key], atol=1e-5)
+    state = torch.load(tmp_path / "ckpt" / "model.pt", weights_only=True)
+    assert any(k.startswith("hw_in.") for k in state)
+
+
+def test_a_checkpoint_from_before_the_options_still_loads(synthetic_dir, tmp_path):
+    train(TINY, synthetic_dir, tmp_path / "old", log=lambda _: None)
+    meta = json.loads((tmp_path / "old" / "meta.json").read_text())
+    for key in ("target", "hardware_descriptor"):
+        del meta["model"][key]
+    (tmp_path / "old" / "meta.json").write_text(json.dumps(meta))
+    model, _ = checkpoint.load(tmp_path / "old")
+    assert model.cfg.target == "log_ms" and not model.cfg.hardware_descriptor and model.descriptor is None
+
+
+def test_shipped_checkpoint_loads_with_the_new_defaults():
+    from pathlib import Path
+
+    model, meta = checkpoint.load(Path(__file__).resolve().parent.parent / "checkpoints" / "cpu")
+    assert "target" not in meta["model"] and model.cfg.target == "log_ms" and model.descriptor is None
+
+
+def test_one_checkpoint_trains_on_two_hardware_kinds_and_knows_each(two_cpus):
+    """SYNTHETIC: two CPU kinds; the descriptor-fed residual model is trained on both and asked about each."""
+    measured, samples, _ = protocol.load(two_cpus)
+    assert {s.hardware_name for s in samples} == {"amd-epyc", "synthetic-slow-cpu"}
+    cfg = dataclasses.replace(TINY, epochs=3, model=dataclasses.replace(TINY.model, target="log_ratio_prior",
+                                                                        hardware_descriptor=True))
+    split = dataset.family_split([s.family for s in samples], 0, test_fraction=0.0, test_families=[])
+    parts = {n: [s for s in samples if split[s.family] == n] for n in ("train", "val", "test")}
+    result = train(cfg, None, None, log=lambda _: None, prepared=(measured, samples, split, parts))
+    pred = predict_samples(result["model"], samples)["pred_ms"][:, 3]
+    home = np.array([s.hardware_name == "amd-epyc" for s in samples])
+    # the same graphs: the slow CPU's prior is 4x, so its predictions are larger for every configuration
+    assert (pred[~home] > pred[home]).all()
+
+
+# --- noise floor and splits --------------------------------------------------------------------------
+
+
+def test_noise_floor_closed_form():
+    repeats = {"a": [100.0, 110.0], "b": [50.0, 50.0, 50.0], "c": [10.0]}
+    sd = np.std([100.0, 110.0], ddof=1)
+    expected_a = math.sqrt(2 / math.pi) * sd / 105.0 / math.sqrt(2) * 100
+    assert protocol.noise_floor(["a"], repeats) == pytest.approx(expected_a)
+    assert protocol.noise_floor(["a", "b", "c"], repeats) == pytest.approx(expected_a / 2)
+    assert protocol.noise_floor(["c"], repeats) is None
+
+
+def test_size_split_trains_on_the_smaller_half_and_tests_at_4x_its_largest(synthetic_dir):
+    _, samples = _batch(synthetic_dir)
+    split = protocol.size_split(samples, seed=0, factor=1.5)
+    train_, val, test = split["train"], split["val"], split["test"]
+    assert len(train_) + len(val) == len(samples) // 2 and test
+    top = max(protocol.step_flops(s) for s in train_ + val)
+    assert top == split["train_max_flops"]
+    assert all(protocol.step_flops(s) >= 1.5 * top for s in test)
+    assert not {s.key for s in test} & {s.key for s in train_ + val}
+    others = [s for s in samples if s.key not in {x.key for x in train_ + val}]
+    assert all(protocol.step_flops(s) >= top for s in others)
+
+
+# --- the protocols -----------------------------------------------------------------------------------
+
+
+def test_lofo_holds_every_family_out_once_per_seed_and_scores_consistently(synthetic_dir):
+    r = protocol.run("lofo", synthetic_dir, TINY, BUDGET, log=lambda _: None)
+    assert r["families"] == sorted(FAMILIES)
+    assert [(f["seed"], f["test"]) for f in r["folds"]] == [(s, f) for s in (0, 1) for f in sorted(FAMILIES)]
+    assert all(f["test"] not in f["val"] for f in r["folds"])
+    assert set(r["predictors"]) == {"gnn", "gnn-prior", "ridge", "prior"}
+    for p, sc in r["predictors"].items():
+        per = {f: row["mape"] for f, row in sc["per_group"].items()}
+        assert sc["mean_mape"] == pytest.approx(np.mean(list(per.values())))
+        assert sc["worst_mape"] == max(per.values()) and per[sc["worst_family"]] == sc["worst_mape"]
+        assert sc["mean_mape"] == pytest.approx(np.mean(list(sc["per_seed_mean_mape"].values())))
+        assert sc["mean_ci95"][0] <= sc["mean_ci95"][1] and sc["worst_ci95"][0] <= sc["worst_ci95"][1]
+        assert all(row["n"] == 4 for row in sc["per_group"].values())
+    assert r["ratios"]["gnn mean_mape"] == pytest.approx(r["predictors"]["ridge"]["mean_mape"]
+                                                         / r["predictors"]["gnn"]["mean_mape"])
+    # synthetic records are measured once: no noise floor to show, and it says so (None), not 0
+    assert r["noise_floor"] is None
+    json.dumps(r)
+
+
+def test_lofo_ridge_and_prior_rows_are_recomputable_from_the_fold(synthetic_dir):
+    family = FAMILIES[0]
+    budget = dataclasses.replace(BUDGET, seeds=(0,), families=(family,), variants=("gnn",))
+    r = protocol.run("lofo", synthetic_dir, TINY, budget, log=lambda _: None)
+    measured, samples, _ = protocol.load([synthetic_dir])
+    split = dataset.family_split([s.family for s in samples], 0, test_families=[family])
+    parts = {n: [s for s in samples if split[s.family] == n] for n in ("train", "val", "test")}
+    true = np.exp([float(s.y[0, 3]) for s in parts["test"]])
+    ridge = GraphTotalsRidge().fit(parts["train"], parts["val"]).predict_ms(parts["test"])[:, 3]
+    assert r["predictors"]["ridge"]["mean_mape"] == pytest.approx(metrics.ape(ridge, true).mean())
+    prior_ms = [float(s.prior_log_ms.double().exp().sum()) for s in parts["test"]]
+    assert r["predictors"]["prior"]["mean_mape"] == pytest.approx(metrics.ape(prior_ms, true).mean())
+    assert r["folds"][0]["val"] == sorted(f for f, s in split.items() if s == "val")
+
+
+def test_size_protocol_reports_the_split_and_every_predictor(synthetic_dir, monkeypatch):
+    monkeypatch.setattr(protocol, "SIZE_FACTOR", 1.5)
+    r = protocol.run("size", synthetic_dir, TINY, BUDGET, log=lambda _: None)
+    fold = r["folds"][0]
+    assert fold["test_min_flops"] >= 1.5 * fold["train_max_flops"]
+    assert set(r["predictors"]) == {"gnn", "gnn-prior", "ridge", "prior"}
+    assert all(sc["n"] == fold["n_test"] and sc["ci95"][0] <= sc["ci95"][1] for sc in r["predictors"].values())
+    assert "size" in protocol.format_result(r)
+
+
+def test_size_protocol_refuses_data_without_the_range(synthetic_dir, monkeypatch):
+    monkeypatch.setattr(protocol, "SIZE_FACTOR", 1e9)
+    with pytest.raises(UserError, match="no configuration has 1e[+]09x the FLOPs"):
+        protocol.run("size", synthetic_dir, TINY, BUDGET, log=lambda _: None)
+
+
+def test_hardware_protocol_trains_on_one_synthetic_cpu_and_tests_on_the_other(two_cpus):
+    budget = dataclasses.replace(BUDGET, seeds=(0,))
+    r = protocol.run("hardware", two_cpus, TINY, budget, log=lambda _: None)
+    assert set(r["pairs"]) == {"amd-epyc -> synthetic-slow-cpu", "synthetic-slow-cpu -> amd-epyc"}
+    assert r["kinds"] == {"amd-epyc": 24, "synthetic-slow-cpu": 24}
+    for row in r["pairs"].values():
+        assert set(row["predictors"]) == {"gnn", "gnn-prior", "ridge", "prior"} and row["n_test"] == 24
+    text = protocol.format_result(r)
+    assert "amd-epyc -> synthetic-slow-cpu" in text
+
+
+def test_cli_protocol_json_and_the_one_kind_refusal(synthetic_dir, capsys):
+    code = cli.main(["evaluate", "--protocol", "lofo", "--data", str(synthetic_dir), "--epochs", "1",
+                     "--families", f"{FAMILIES[0]},{FAMILIES[1]}", "--variants", "gnn-prior", "--threads", "1",
+                     "--bootstrap", "50", "--json"])
+    assert code == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["families"] == [FAMILIES[0], FAMILIES[1]] and set(r["predictors"]) == {"gnn-prior", "ridge", "prior"}
+    code = cli.main(["evaluate", "--protocol", "hardware", "--data", str(synthetic_dir)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1
+    assert "needs records of two hardware kinds or more; the data holds one: cpu (24 configurations)" in err
+    code = cli.main(["evaluate", "--protocol", "lofo", "--data", str(synthetic_dir), "--families", "nope"])
+    assert code == 2 and "nope" in capsys.readouterr().err
+
+
+def test_predict_answers_from_a_residual_descriptor_checkpoint(synthetic_dir, tmp_path):
+    """A checkpoint with both options predicts a real (tiny) model end to end: its graphs carry no hardware,
+    so the checkpoint's own descriptor prices the prior (the weights are trained on SYNTHETIC data: only the
+    mechanism is checked, and that the answer scales with the prior)."""
+    import gnn_ptp
+
+    cfg = dataclasses.replace(TINY, model=dataclasses.replace(TINY.model, target="log_ratio_prior",
+                                                              hardware_descriptor=True))
+    train(cfg, synthetic_dir, tmp_path / "ckpt", log=lambda _: None)
+    args = dict(batch_size=2, seq_len=16, hardware="cpu", checkpoint=tmp_path / "ckpt",
+                overrides=["n_layer=1", "n_embd=32", "n_head=2", "vocab_size=100"], use_disk_cache=False)
+    small = gnn_ptp.predict("hf:gpt2", precision="fp32", **args)
+    large = gnn_ptp.predict("hf:gpt2", precision="fp32", **{**args, "batch_size": 64})
+    assert small.source == "checkpoint" and 0 < small.compute_ms < large.compute_ms
+
+
+def test_cli_trains_one_checkpoint_on_two_synthetic_cpu_folders_and_evaluates_each(two_cpus, tmp_path, capsys):
+    from gnn_ptp.evaluate import evaluate
+
+    config = tmp_path / "two.toml"
+    config.write_text("epochs = 2\nthreads = 1\n[model]\nhidden = 16\ndepth = 1\ntarget = \"log_ratio_prior\"\n"
+                      "hardware_descriptor = true\n")
+    out = tmp_path / "ckpt"
+    assert cli.main(["train", "--data", *map(str, two_cpus), "--config", str(config), "--out", str(out)]) == 0
+    model, meta = checkpoint.load(out)
+    for folder, name in zip(two_cpus, ("amd-epyc", "synthetic-slow-cpu")):
+        r = evaluate(out, folder, split="all", log=lambda _: None)
+        measured, samples, _ = protocol.load([folder])
+        assert {s.hardware_name for s in samples} == {name}
+        expected = predict_samples(model, samples)  # each sample with its own CPU's descriptor attached
+        assert r["overall"]["mape"] == pytest.approx(
+            metrics.ape(expected["pred_ms"][:, 3], expected["true_ms"][:, 3]).mean(), rel=1e-6)
+    (tmp_path / "plain.toml").write_text("epochs = 1\n[model]\nhidden = 16\ndepth = 1\n")
+    code = cli.main(["train", "--data", *map(str, two_cpus), "--config", str(tmp_path / "plain.toml"),
+                     "--out", str(tmp_path / "ckpt2")])
+    assert code == 2 and "needs [model] hardware_descriptor = true" in capsys.readouterr().err
