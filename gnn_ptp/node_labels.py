@@ -1,0 +1,264 @@
+"""Kernel-level labels: every graph node's measured time, from the per-op profiles stored beside records.
+
+A configuration whose records carry profiles (``profiles.py``; the harvest writes them) has each profile
+matched onto its traced graph (``match.py``). A matched node's **share** of its phase is its op's
+inclusive time over all profiled op time of that phase (``Match.total_ms``); shares are averaged over the
+configuration's profiles (over the profiles that matched the node). The node's label is that share of the
+configuration's measured phase time (the averaged medians the phase labels hold), in log ms:
+
+    y_node = log(share) + y[phase of the node]
+
+so node labels sit on the phase labels' scale (a profiled step runs slower than a timed one: the profiler's
+own overhead) and matched nodes add up to the matched share of each phase. On a ``Data`` sample:
+``node_share`` [N] (float), ``y_node`` [N] (log ms), ``node_mask`` [N] (bool: matched in at least one
+profile) and ``matched_share`` [1] (the configuration's time-weighted matched share; NaN without a
+profile). A configuration without a profile has an all-false mask.
+
+Matching needs the traced step itself (op names and input shapes), not the cached graph tensors: the
+shares are computed once per configuration and cached in ``<data>/.cache/node-labels-<versions>.pt``,
+keyed by configuration and the ids of its profiled records (a new profile recomputes that entry).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+from gnn_ptp import ops
+
+_FAILED = "__failed__"
+
+
+def shares_of(traced, profiles: list[dict]) -> dict:
+    """Per node: mean share of its phase over the profiles that matched it (0 where none did), the mask,
+    and the matched and total profiled ms summed over the profiles."""
+    from gnn_ptp import match
+    from gnn_ptp.trace import PHASES
+
+    node_phase = torch.tensor([ph for _, ph, _ in match.kernel_nodes(traced)], dtype=torch.long)
+    n = len(node_phase)
+    total = torch.zeros(n, dtype=torch.float64)
+    count = torch.zeros(n, dtype=torch.float64)
+    matched_ms = total_ms = 0.0
+    for p in profiles:
+        m = match.match_profile(traced, p)
+        node_ms = torch.tensor(m.node_ms, dtype=torch.float64)
+        phase_total = torch.tensor([m.total_ms[ph] for ph in PHASES], dtype=torch.float64)
+        ok = ~torch.isnan(node_ms) & (phase_total[node_phase] > 0)
+        share = torch.where(ok, node_ms / phase_total[node_phase].clamp_min(1e-12), torch.zeros_like(node_ms))
+        total += share
+        count += ok.double()
+        matched_ms += sum(m.matched_ms.values())
+        total_ms += sum(m.total_ms.values())
+    mask = count > 0
+    return {"share": torch.where(mask, total / count.clamp_min(1), torch.zeros_like(total)), "mask": mask,
+            "matched_ms": matched_ms, "total_ms": total_ms}
+
+
+def _shares_job(job) -> dict | str:
+    """For a worker: (config, trace target, torch version, profiles) -> shares, or why they could not be
+    made."""
+    from gnn_ptp import dataset
+    from gnn_ptp.trace import trace_step
+
+    config, target, kernels, found = job
+    try:
+        traced = trace_step(dataset.step_config_of(config, target, kernels=kernels))
+        return shares_of(traced, found)
+    except Exception as e:  # a configuration that will not trace or match: no node labels, said so
+        return f"{type(e).__name__}: {e}"[:300]
+
+
+def profiled_ids(data_dir, world_size: int = 1) -> dict[str, list[str]]:
+    """Record ids with a stored profile, per configuration key (ok records of ``world_size`` only)."""
+    from gnn_ptp.records import iter_records
+
+    out: dict[str, list[str]] = defaultdict(list)
+    for r in iter_records(data_dir, warn=lambda m: None):
+        if (r.get("status") == "ok" and r.get("profile") and r.get("id")
+                and (r.get("ddp") or {}).get("world_size", 1) == world_size):
+            out[r["key"]].append(r["id"])
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def _cache_path(data_dir: Path) -> Path:
+    import transformers
+
+    from gnn_ptp.graph import FEATURE_VERSION
+
+    return (Path(data_dir) / ".cache" /
+            f"node-labels-f{FEATURE_VERSION}-torch{torch.__version__.split('+')[0]}-tf{transformers.__version__}.pt")
+
+
+def load(data_dir, measured: list, log=None) -> dict[str, dict]:
+    """Node shares (``shares_of``) for every measured configuration with profiled records, from the
+    folder's cache or computed now (traced and matched, one configuration per core)."""
+    from gnn_ptp import dataset, profiles
+    from gnn_ptp.store import atomic_torch_save
+
+    log = log or (lambda msg: print(msg, file=sys.stderr))
+    ids = profiled_ids(data_dir)
+    wanted = [m for m in measured if m.key in ids]
+    path = _cache_path(Path(data_dir))
+    try:
+        cache = torch.load(path, weights_only=True) if path.is_file() else {}
+    except Exception:  # a damaged cache is rebuilt, never trusted
+        cache = {}
+    failed = cache.pop(_FAILED, {})
+    stamp = {m.key: ",".join(ids[m.key]) for m in wanted}
+    missing = [m for m in wanted if (cache.get(m.key) or {}).get("ids") != stamp[m.key]
+               and failed.get(m.key, ("", ""))[0] != stamp[m.key]]
+    if missing:
+        start = time.perf_counter()
+        log(f"node labels: matching the profiles of {len(missing)} configurations onto their graphs ...")
+        found = profiles.read_profiles(data_dir)
+        jobs = [(m.config, dataset.trace_target(m.hardware), m.torch_version,
+                 [found[i] for i in ids[m.key] if i in found]) for m in missing]
+        for i, (m, result) in enumerate(zip(missing, dataset._map(_shares_job, jobs)), 1):
+            if isinstance(result, str):
+                failed[m.key] = (stamp[m.key], result)
+                log(f"  no node labels for {m.config['spec']} ({m.config['precision']}): {result}")
+            else:
+                cache[m.key] = {"ids": stamp[m.key], **result}
+            if i % 50 == 0 or i == len(missing):
+                atomic_torch_save({**cache, _FAILED: failed}, path)
+                log(f"  {i}/{len(missing)} matched ({time.perf_counter() - start:.0f} s)")
+    return {m.key: cache[m.key] for m in wanted if m.key in cache}
+
+
+def attach(samples: list, labels: dict[str, dict]) -> int:
+    """Give every sample ``node_share``, ``y_node``, ``node_mask`` and ``matched_share`` (see the module
+    docstring); a sample without labels, or whose graph does not have the labelled node count, gets an
+    all-false mask. Returns how many samples got labels."""
+    n_labelled = 0
+    for s in samples:
+        n = int(s.num_nodes)
+        lab = labels.get(s.key)
+        if lab is not None and lab["share"].numel() == n:
+            share, mask = lab["share"].float(), lab["mask"].clone()
+            mask &= share > 0
+            matched = lab["matched_ms"] / lab["total_ms"] if lab["total_ms"] else float("nan")
+            n_labelled += bool(mask.any())
+        else:
+            share, mask, matched = torch.zeros(n), torch.zeros(n, dtype=torch.bool), float("nan")
+        s.node_share, s.node_mask = share, mask
+        s.y_node = torch.where(mask, torch.log(share.clamp_min(1e-12)) + s.y[0, s.phase], torch.zeros(n))
+        s.matched_share = torch.tensor([matched], dtype=torch.float32)
+    return n_labelled
+
+
+def node_loss(log_node_ms: torch.Tensor, batch, delta: float) -> torch.Tensor | None:
+    """Huber loss on log time over the labelled nodes, each weighted by its measured share of its phase
+    (a weighted mean: the ops that hold the time count, a thousand tiny ones do not drown them). None
+    where the batch has no labelled node."""
+    mask = getattr(batch, "node_mask", None)
+    if mask is None or not bool(mask.any()):
+        return None
+    weight = batch.node_share[mask]
+    err = torch.nn.functional.huber_loss(log_node_ms[mask], batch.y_node[mask], delta=delta, reduction="none")
+    return (weight * err).sum() / weight.sum().clamp_min(1e-12)
+
+
+# --- per-op figures ----------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def per_op_report(model, samples: list, top: int = 5, batch_size: int = 32) -> dict | None:
+    """Predicted against measured time per op category, on the labelled nodes of ``samples``:
+
+    - ``per_op``: {category: {"mape", "share_measured", "share_predicted", "n"}}: per step, a category's
+      time summed over its labelled nodes, measured and predicted; MAPE over the steps where it has
+      measured time (n); shares of the labelled time, averaged over all labelled steps;
+    - ``matched_share``: the steps' matched shares (profiled time matched to graph nodes over all
+      profiled time), averaged over the profiled steps;
+    - ``share_error``: |predicted share - measured share| in points, per step averaged over its ``top`` ops
+      (by name) by measured share; mean, median and per family over the labelled steps.
+
+    None for a model without per-node times (``readout = "pool"``)."""
+    from torch_geometric.loader import DataLoader
+
+    model.eval()
+    per_cat: dict[str, dict[str, list]] = defaultdict(lambda: {"ape": [], "meas": [], "pred": []})
+    share_err, fam_err = [], defaultdict(list)
+    labelled = 0
+    matched = [float(s.matched_share) for s in samples if not math.isnan(float(s.matched_share))]
+    for batch in DataLoader(samples, batch_size=batch_size, shuffle=False):
+        out = model(batch)
+        if "log_node_ms" not in out:
+            return None
+        pred_all = out["log_node_ms"].double().exp()
+        for i in range(batch.num_graphs):
+            lo, hi = int(batch.ptr[i]), int(batch.ptr[i + 1])
+            mask = batch.node_mask[lo:hi]
+            if not bool(mask.any()):
+                continue
+            labelled += 1
+            meas = batch.y_node[lo:hi][mask].double().exp()
+            pred = pred_all[lo:hi][mask]
+            x_cat = batch.x_cat[lo:hi][mask]
+            cats = defaultdict(lambda: [0.0, 0.0])
+            names = defaultdict(lambda: [0.0, 0.0])
+            for op_id, cat_id, m, p in zip(x_cat[:, 0].tolist(), x_cat[:, 1].tolist(), meas.tolist(), pred.tolist()):
+                cats[ops.CATEGORIES[cat_id]][0] += m
+                cats[ops.CATEGORIES[cat_id]][1] += p
+                names[ops.VOCAB[op_id]][0] += m
+                names[ops.VOCAB[op_id]][1] += p
+            tm, tp = float(meas.sum()), float(pred.sum())
+            for cat in ops.CATEGORIES:
+                m, p = cats.get(cat, (0.0, 0.0))
+                per_cat[cat]["meas"].append(m / tm)
+                per_cat[cat]["pred"].append(p / tp)
+                if m > 0:
+                    per_cat[cat]["ape"].append(abs(p - m) / m * 100)
+            tops = sorted(names.items(), key=lambda kv: -kv[1][0])[:top]
+            err = sum(abs(p / tp - m / tm) for _, (m, p) in tops) / len(tops) * 100
+            share_err.append(err)
+            fam_err[batch.family[i]].append(err)
+    if not labelled:
+        return {"per_op": {}, "matched_share": None, "share_error": None, "labelled_steps": 0}
+    per_op = {cat: {"mape": sum(v["ape"]) / len(v["ape"]), "share_measured": sum(v["meas"]) / labelled,
+                    "share_predicted": sum(v["pred"]) / labelled, "n": len(v["ape"])}
+              for cat, v in per_cat.items() if v["ape"]}
+    ordered = sorted(share_err)
+    return {"per_op": dict(sorted(per_op.items(), key=lambda kv: -kv[1]["share_measured"])),
+            "matched_share": sum(matched) / len(matched) if matched else None,
+            "share_error": {"top": top, "mean_points": sum(share_err) / len(share_err),
+                            "median_points": ordered[len(ordered) // 2],
+                            "per_family": {f: sum(v) / len(v) for f, v in sorted(fam_err.items())}},
+            "labelled_steps": labelled}
+
+
+def format_per_op(r: dict) -> list[str]:
+    """Lines for ``evaluate``'s table."""
+    if not r or not r.get("labelled_steps"):
+        return ["per-op figures: no profiled configuration in this split (no node labels)"]
+    e = r["share_error"]
+    lines = [f"per op (node labels of {r['labelled_steps']} profiled steps; matched share "
+             f"{r['matched_share']:.1%}): top-{e['top']} op share error {e['mean_points']:.1f} points "
+             f"(median {e['median_points']:.1f})",
+             f"{'category':<14}{'measured':>10}{'predicted':>11}{'MAPE':>8}{'n':>6}"]
+    for cat, v in r["per_op"].items():
+        lines.append(f"{cat:<14}{v['share_measured']:>10.1%}{v['share_predicted']:>11.1%}{v['mape']:>7.1f}%"
+                     f"{v['n']:>6}")
+    return lines
+
+
+def labelled_meta(meta: dict) -> str:
+    """How a checkpoint's per-node times were trained, for ``predict --explain``."""
+    weight = (meta.get("train") or {}).get("node_weight") or 0
+    if weight:
+        return f"trained with node labels from measured profiles (node_weight {weight:g})"
+    return "trained on phase totals only: its split across ops is not supervised op by op"
+
+
+def read_meta(checkpoint: str) -> dict:
+    try:
+        return json.loads((Path(checkpoint) / "meta.json").read_text())
+    except (OSError, ValueError):
+        return {}
