@@ -259,3 +259,16 @@ def test_node_weight_bad_config(config, names, tmp_path, capsys):
                      "--out", str(tmp_path / "out")])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and names in err and "Traceback" not in err
+
+
+def test_node_label_config_is_the_shipped_config_plus_node_weight():
+    """training/cpu_nodes.toml differs from the shipped training/cpu.toml only in node_weight, so the two
+    compare node labels and nothing else."""
+    import dataclasses
+
+    from gnn_ptp.train import load_train_config
+
+    shipped = load_train_config(REPO / "training" / "cpu.toml")
+    nodes = load_train_config(REPO / "training" / "cpu_nodes.toml")
+    assert shipped.node_weight == 0 and nodes.node_weight > 0
+    assert dataclasses.replace(nodes, node_weight=0.0) == shipped
