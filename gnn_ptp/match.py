@@ -143,17 +143,23 @@ def match_dataset(folder, log=None) -> dict:
     found = profiles.read_profiles(folder)
     rows, unmatched_ms, unmatched_nodes = [], Counter(), Counter()
     per_family: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
-    for r in records.iter_records(folder):
-        p = found.get(r.get("id"))
-        if p is None or r.get("status") != "ok":
-            continue
+    traces: dict[tuple, object] = {}  # one trace per configuration, however many profiles it has
+    profiled = [r for r in records.iter_records(folder) if r.get("id") in found and r.get("status") == "ok"]
+    for r in sorted(profiled, key=lambda r: r["key"]):
+        p = found[r["id"]]
         hardware = r["env"]["hardware"]
         target = dataset.trace_target(hardware)
-        try:
-            traced = trace_step(dataset.step_config_of(r["config"], target, kernels=r["env"].get("torch")))
-        except Exception as e:  # a record that will not trace is reported, not matched
+        trace_key = (r["key"], r["env"].get("torch"))
+        if trace_key not in traces:
+            try:
+                traces = {trace_key: trace_step(dataset.step_config_of(r["config"], target,
+                                                                       kernels=r["env"].get("torch")))}
+            except Exception as e:  # a record that will not trace is reported, not matched
+                traces = {trace_key: f"{type(e).__name__}: {e}"[:200]}
+        traced = traces[trace_key]
+        if isinstance(traced, str):
             rows.append({"key": r["key"], "spec": r["config"]["spec"], "precision": r["config"]["precision"],
-                         "error": f"{type(e).__name__}: {e}"[:200]})
+                         "error": traced})
             continue
         m = match_profile(traced, p)
         unmatched_ms.update(m.unmatched_ms)
