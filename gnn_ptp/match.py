@@ -72,8 +72,9 @@ def _canonical(name: str) -> str:
     return ops.ALIASES.get(name, name)
 
 
-def match_profile(traced: TracedStep, profile: dict) -> Match:
-    """Match a stored profile (``profiles.compact``) onto the traced graph of the same configuration."""
+def match_profile(traced: TracedStep | None, profile: dict, nodes: list | None = None) -> Match:
+    """Match a stored profile (``profiles.compact``) onto the traced graph of the same configuration (or
+    onto its ``kernel_nodes``, given instead of the trace)."""
     cols = {c: i for i, c in enumerate(profile["columns"])}
     rows = profile["ops"]
     on_gpu = profile.get("device") == "cuda"
@@ -88,7 +89,7 @@ def match_profile(traced: TracedStep, profile: dict) -> Match:
     for i, r in enumerate(rows):
         children.setdefault(r[cols["parent"]], []).append(i)
 
-    nodes = kernel_nodes(traced)
+    nodes = kernel_nodes(traced) if nodes is None else nodes
     node_ms = [math.nan] * len(nodes)
     matched_ms = dict.fromkeys(PHASES, 0.0)
     total_ms = dict.fromkeys(PHASES, 0.0)

@@ -14,9 +14,9 @@ own overhead) and matched nodes add up to the matched share of each phase. On a 
 profile) and ``matched_share`` [1] (the configuration's time-weighted matched share; NaN without a
 profile). A configuration without a profile has an all-false mask.
 
-Matching needs the traced step itself (op names and input shapes), not the cached graph tensors: the
-shares are computed once per configuration and cached in ``<data>/.cache/node-labels-<versions>.pt``,
-keyed by configuration and the ids of its profiled records (a new profile recomputes that entry).
+Matching needs the traced step's kernels (op names and input shapes: ``match.kernel_nodes``), not the
+cached graph tensors. ``<data>/.cache/node-labels-<versions>.pt`` keeps them per configuration and each
+profile's match by record id, so a configuration is traced once and a new profile costs its match only.
 """
 
 from __future__ import annotations
@@ -32,46 +32,50 @@ import torch
 
 from gnn_ptp import ops
 
-_FAILED = "__failed__"
-
-
-def shares_of(traced, profiles: list[dict]) -> dict:
-    """Per node: mean share of its phase over the profiles that matched it (0 where none did), the mask,
-    and the matched and total profiled ms summed over the profiles."""
+def profile_shares(nodes: list, profile: dict) -> dict:
+    """One profile matched onto a configuration's ``match.kernel_nodes``: each node's share of its phase
+    (0 where unmatched), which nodes matched, and the matched and total profiled ms."""
     from gnn_ptp import match
     from gnn_ptp.trace import PHASES
 
-    node_phase = torch.tensor([ph for _, ph, _ in match.kernel_nodes(traced)], dtype=torch.long)
-    n = len(node_phase)
-    total = torch.zeros(n, dtype=torch.float64)
-    count = torch.zeros(n, dtype=torch.float64)
-    matched_ms = total_ms = 0.0
-    for p in profiles:
-        m = match.match_profile(traced, p)
-        node_ms = torch.tensor(m.node_ms, dtype=torch.float64)
-        phase_total = torch.tensor([m.total_ms[ph] for ph in PHASES], dtype=torch.float64)
-        ok = ~torch.isnan(node_ms) & (phase_total[node_phase] > 0)
-        share = torch.where(ok, node_ms / phase_total[node_phase].clamp_min(1e-12), torch.zeros_like(node_ms))
-        total += share
-        count += ok.double()
-        matched_ms += sum(m.matched_ms.values())
-        total_ms += sum(m.total_ms.values())
+    m = match.match_profile(None, profile, nodes)
+    node_phase = torch.tensor([ph for _, ph, _ in nodes], dtype=torch.long)
+    node_ms = torch.tensor(m.node_ms, dtype=torch.float64)
+    phase_total = torch.tensor([m.total_ms[ph] for ph in PHASES], dtype=torch.float64)
+    ok = ~torch.isnan(node_ms) & (phase_total[node_phase] > 0)
+    share = torch.where(ok, node_ms / phase_total[node_phase].clamp_min(1e-12), torch.zeros_like(node_ms))
+    return {"share": share.float(), "ok": ok, "matched_ms": sum(m.matched_ms.values()),
+            "total_ms": sum(m.total_ms.values())}
+
+
+def combine(entries: list[dict]) -> dict:
+    """A configuration's labels from its profiles' ``profile_shares``: each node's share averaged over
+    the profiles that matched it, the mask (matched in at least one), matched and total ms summed."""
+    total = torch.stack([e["share"].double() for e in entries]).sum(0)
+    count = torch.stack([e["ok"].double() for e in entries]).sum(0)
     mask = count > 0
     return {"share": torch.where(mask, total / count.clamp_min(1), torch.zeros_like(total)), "mask": mask,
-            "matched_ms": matched_ms, "total_ms": total_ms}
+            "matched_ms": sum(e["matched_ms"] for e in entries), "total_ms": sum(e["total_ms"] for e in entries)}
 
 
-def _shares_job(job) -> dict | str:
-    """For a worker: (config, trace target, torch version, profiles) -> shares, or why they could not be
-    made."""
-    from gnn_ptp import dataset
+def shares_of(traced, profiles: list[dict]) -> dict:
+    """``combine`` over the profiles of one traced configuration."""
+    from gnn_ptp import match
+
+    nodes = match.kernel_nodes(traced)
+    return combine([profile_shares(nodes, p) for p in profiles])
+
+
+def _nodes_job(job) -> list | str:
+    """For a worker: (config, trace target, torch version) -> the traced graph's ``match.kernel_nodes``,
+    or why the configuration could not be traced."""
+    from gnn_ptp import dataset, match
     from gnn_ptp.trace import trace_step
 
-    config, target, kernels, found = job
+    config, target, kernels = job
     try:
-        traced = trace_step(dataset.step_config_of(config, target, kernels=kernels))
-        return shares_of(traced, found)
-    except Exception as e:  # a configuration that will not trace or match: no node labels, said so
+        return match.kernel_nodes(trace_step(dataset.step_config_of(config, target, kernels=kernels)))
+    except Exception as e:  # a configuration that will not trace: no node labels, said so
         return f"{type(e).__name__}: {e}"[:300]
 
 
@@ -97,8 +101,9 @@ def _cache_path(data_dir: Path) -> Path:
 
 
 def load(data_dir, measured: list, log=None) -> dict[str, dict]:
-    """Node shares (``shares_of``) for every measured configuration with profiled records, from the
-    folder's cache or computed now (traced and matched, one configuration per core)."""
+    """Labels (``combine``) for every measured configuration with profiled records. The folder's cache
+    keeps each configuration's traced kernel nodes and each profile's match, so a new profile costs its
+    match only; what is missing is traced (one configuration per core) and matched now."""
     from gnn_ptp import dataset, profiles
     from gnn_ptp.store import atomic_torch_save
 
@@ -110,26 +115,31 @@ def load(data_dir, measured: list, log=None) -> dict[str, dict]:
         cache = torch.load(path, weights_only=True) if path.is_file() else {}
     except Exception:  # a damaged cache is rebuilt, never trusted
         cache = {}
-    failed = cache.pop(_FAILED, {})
-    stamp = {m.key: ",".join(ids[m.key]) for m in wanted}
-    missing = [m for m in wanted if (cache.get(m.key) or {}).get("ids") != stamp[m.key]
-               and failed.get(m.key, ("", ""))[0] != stamp[m.key]]
-    if missing:
+    nodes, matched, failed = cache.get("nodes", {}), cache.get("profiles", {}), cache.get("failed", {})
+    to_trace = [m for m in wanted if m.key not in nodes and m.key not in failed]
+    to_match = [i for m in wanted if m.key not in failed for i in ids[m.key] if i not in matched]
+    if to_trace or to_match:
         start = time.perf_counter()
-        log(f"node labels: matching the profiles of {len(missing)} configurations onto their graphs ...")
-        found = profiles.read_profiles(data_dir)
-        jobs = [(m.config, dataset.trace_target(m.hardware), m.torch_version,
-                 [found[i] for i in ids[m.key] if i in found]) for m in missing]
-        for i, (m, result) in enumerate(zip(missing, dataset._map(_shares_job, jobs)), 1):
+        log(f"node labels: tracing {len(to_trace)} configurations, matching {len(to_match)} profiles ...")
+        jobs = [(m.config, dataset.trace_target(m.hardware), m.torch_version) for m in to_trace]
+        for i, (m, result) in enumerate(zip(to_trace, dataset._map(_nodes_job, jobs)), 1):
             if isinstance(result, str):
-                failed[m.key] = (stamp[m.key], result)
+                failed[m.key] = result
                 log(f"  no node labels for {m.config['spec']} ({m.config['precision']}): {result}")
             else:
-                cache[m.key] = {"ids": stamp[m.key], **result}
-            if i % 50 == 0 or i == len(missing):
-                atomic_torch_save({**cache, _FAILED: failed}, path)
-                log(f"  {i}/{len(missing)} matched ({time.perf_counter() - start:.0f} s)")
-    return {m.key: cache[m.key] for m in wanted if m.key in cache}
+                nodes[m.key] = result
+            if i % 50 == 0 or i == len(to_trace):
+                atomic_torch_save({"nodes": nodes, "profiles": matched, "failed": failed}, path)
+                log(f"  {i}/{len(to_trace)} traced ({time.perf_counter() - start:.0f} s)")
+        found = profiles.read_profiles(data_dir) if to_match else {}
+        for m in wanted:
+            for i in ids[m.key]:
+                if i not in matched and i in found and m.key in nodes:
+                    matched[i] = profile_shares(nodes[m.key], found[i])
+        atomic_torch_save({"nodes": nodes, "profiles": matched, "failed": failed}, path)
+        log(f"node labels ready ({time.perf_counter() - start:.0f} s)")
+    return {m.key: combine([matched[i] for i in ids[m.key] if i in matched])
+            for m in wanted if any(i in matched for i in ids[m.key])}
 
 
 def attach(samples: list, labels: dict[str, dict]) -> int:
