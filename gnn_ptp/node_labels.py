@@ -247,7 +247,8 @@ def per_op_report(model, samples: list, top: int = 5, batch_size: int = 32) -> d
 def format_per_op(r: dict) -> list[str]:
     """Lines for ``evaluate``'s table."""
     if not r or not r.get("labelled_steps"):
-        return ["per-op figures: no profiled configuration in this split (no node labels)"]
+        return ["per-op figures: none (no profiled configuration in this split, or a checkpoint without "
+                "per-node times: readout pool)"]
     e = r["share_error"]
     lines = [f"per op (node labels of {r['labelled_steps']} profiled steps; matched share "
              f"{r['matched_share']:.1%}): top-{e['top']} op share error {e['mean_points']:.1f} points "
