@@ -572,6 +572,10 @@ def add_predict_parser(sub) -> None:
     p.add_argument("--max-batch-size", action="store_true",
                    help="find the largest batch that fits in one device's memory, per precision class "
                         "(analytic memory from the trace), with its step time and throughput")
+    p.add_argument("--explain", action="store_true",
+                   help="also print the top ops by predicted time with their share of the step (per phase; "
+                        "across precision classes with --precision all)")
+    p.add_argument("--top", type=_positive_int, default=8, help="ops --explain shows (default 8)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(run=run_predict)
 
@@ -599,6 +603,12 @@ def run_predict(args) -> int:
             print(json.dumps(rows[0], indent=2))
     else:
         print(format_predictions(preds))
+        if args.explain:
+            from gnn_ptp.explain import format_explain
+            from gnn_ptp.node_labels import read_meta
+
+            print()
+            print(format_explain(preds, args.top, read_meta(preds[0].checkpoint) if preds[0].checkpoint else {}))
     return 0
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gnn_ptp import baselines, checkpoint, dataset, metrics
+from gnn_ptp import baselines, checkpoint, dataset, metrics, node_labels
 from gnn_ptp.errors import UserError
 from gnn_ptp.hardware import get_hardware
 from gnn_ptp.train import predict_samples
@@ -69,6 +69,14 @@ def evaluate(checkpoint_dir: str | Path, data_dir: str | Path, split: str = "tes
     known = ~np.isnan(mem_true)
     result["memory"] = metrics.summarize(
         metrics.ape(np.exp(p["pred_log_memory"][known]), np.exp(mem_true[known])))
+    # kernel level: predicted per-node times against the profiled records' node labels
+    chosen_keys = {s.key for s in chosen}
+    node_labels.attach(chosen, node_labels.load(data_dir, [m for m in wanted if m.key in chosen_keys], log=log))
+    per_op = node_labels.per_op_report(model, chosen) or {}
+    result["per_op"] = per_op.get("per_op", {})
+    result["matched_share"] = per_op.get("matched_share")
+    result["op_share_error"] = per_op.get("share_error")
+    result["labelled_steps"] = per_op.get("labelled_steps", 0)
 
     predictions = {"gnn": p["pred_ms"][:, 3]}
     hw = get_hardware(meta["hardware"])
@@ -163,6 +171,10 @@ def format_table(r: dict) -> str:
     lines += ["", f"gnn per phase MAPE: {phases}"]
     if r["memory"]["n"]:
         lines.append(f"gnn peak memory MAPE: {pct(r['memory']['mape']).strip()} (n {r['memory']['n']})")
+    if "per_op" in r:
+        lines += node_labels.format_per_op({"per_op": r["per_op"], "matched_share": r["matched_share"],
+                                            "share_error": r["op_share_error"],
+                                            "labelled_steps": r["labelled_steps"]})
     v = r["gnn_vs_best_baseline"]
     if r["winner"] == "gnn" and v["mape_ratio"]:
         lines.append(f"winner: gnn, {v['mape_ratio']:.1f}x lower MAPE than the best baseline ({v['baseline']})")

@@ -215,7 +215,7 @@ def format_plan(cfg) -> str:
         family = family_of(spec)
         by_tier[c["tier"]][family] += 1
         families[family].add(c["precision"])
-        model = (c["spec"], tuple(sorted((c.get("set") or {}).items())))
+        model = (c["spec"], tuple(sorted((k, repr(v)) for k, v in (c.get("set") or {}).items())))  # lists too
         if model not in sizes and not c["spec"].startswith("random:"):
             shape = Shape(c["batch_size"], c.get("seq_len"), c.get("image_size"))
             sizes[model] = build(spec, shape, "meta").param_count

@@ -72,8 +72,9 @@ def _canonical(name: str) -> str:
     return ops.ALIASES.get(name, name)
 
 
-def match_profile(traced: TracedStep, profile: dict) -> Match:
-    """Match a stored profile (``profiles.compact``) onto the traced graph of the same configuration."""
+def match_profile(traced: TracedStep | None, profile: dict, nodes: list | None = None) -> Match:
+    """Match a stored profile (``profiles.compact``) onto the traced graph of the same configuration (or
+    onto its ``kernel_nodes``, given instead of the trace)."""
     cols = {c: i for i, c in enumerate(profile["columns"])}
     rows = profile["ops"]
     on_gpu = profile.get("device") == "cuda"
@@ -88,7 +89,7 @@ def match_profile(traced: TracedStep, profile: dict) -> Match:
     for i, r in enumerate(rows):
         children.setdefault(r[cols["parent"]], []).append(i)
 
-    nodes = kernel_nodes(traced)
+    nodes = kernel_nodes(traced) if nodes is None else nodes
     node_ms = [math.nan] * len(nodes)
     matched_ms = dict.fromkeys(PHASES, 0.0)
     total_ms = dict.fromkeys(PHASES, 0.0)
@@ -143,17 +144,23 @@ def match_dataset(folder, log=None) -> dict:
     found = profiles.read_profiles(folder)
     rows, unmatched_ms, unmatched_nodes = [], Counter(), Counter()
     per_family: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
-    for r in records.iter_records(folder):
-        p = found.get(r.get("id"))
-        if p is None or r.get("status") != "ok":
-            continue
+    traces: dict[tuple, object] = {}  # one trace per configuration, however many profiles it has
+    profiled = [r for r in records.iter_records(folder) if r.get("id") in found and r.get("status") == "ok"]
+    for r in sorted(profiled, key=lambda r: r["key"]):
+        p = found[r["id"]]
         hardware = r["env"]["hardware"]
         target = dataset.trace_target(hardware)
-        try:
-            traced = trace_step(dataset.step_config_of(r["config"], target, kernels=r["env"].get("torch")))
-        except Exception as e:  # a record that will not trace is reported, not matched
+        trace_key = (r["key"], r["env"].get("torch"))
+        if trace_key not in traces:
+            try:
+                traces = {trace_key: trace_step(dataset.step_config_of(r["config"], target,
+                                                                       kernels=r["env"].get("torch")))}
+            except Exception as e:  # a record that will not trace is reported, not matched
+                traces = {trace_key: f"{type(e).__name__}: {e}"[:200]}
+        traced = traces[trace_key]
+        if isinstance(traced, str):
             rows.append({"key": r["key"], "spec": r["config"]["spec"], "precision": r["config"]["precision"],
-                         "error": f"{type(e).__name__}: {e}"[:200]})
+                         "error": traced})
             continue
         m = match_profile(traced, p)
         unmatched_ms.update(m.unmatched_ms)

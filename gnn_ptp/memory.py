@@ -512,10 +512,11 @@ CUDA_LABEL_KIND = "cuda_max_memory_allocated"
 """``memory.kind`` of a GPU record: ``torch.cuda.max_memory_allocated`` over the run (the collector's)."""
 
 
-def check_records(path) -> list[dict]:
+def check_records(path, status: str | None = None) -> list[dict]:
     """The analytic estimate against every single-process record under ``path`` that can judge it: ok
     records with a peak-allocated label (``CPU_LABEL_KIND``, ``CUDA_LABEL_KIND``; peak-RSS labels
-    cannot) and out-of-memory records, which must be predicted not to fit. One row per record."""
+    cannot) and out-of-memory records, which must be predicted not to fit. One row per record; only
+    records of ``status`` where given (each record is traced)."""
     from gnn_ptp.dataset import step_config_of, trace_target
     from gnn_ptp.hardware import HARDWARE
     from gnn_ptp.records import iter_records
@@ -523,7 +524,7 @@ def check_records(path) -> list[dict]:
 
     rows = []
     for r in iter_records(path):
-        if (r.get("ddp") or {}).get("world_size", 1) != 1:
+        if (r.get("ddp") or {}).get("world_size", 1) != 1 or (status and r.get("status") != status):
             continue
         kind = (r.get("memory") or {}).get("kind")
         if not (r.get("status") == "oom" or (r.get("status") == "ok" and kind in (CPU_LABEL_KIND, CUDA_LABEL_KIND))):

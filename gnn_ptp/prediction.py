@@ -91,6 +91,9 @@ class Prediction:
     checkpoint: str = ""
     top_ops: list[dict] = field(default_factory=list)
     """Where the time goes: the ops with the largest summed predicted time."""
+    op_breakdown: list[dict] = field(default_factory=list)
+    """Every op's predicted ms per phase, in all, and its share of the step, largest first (``--explain``;
+    gnn_ptp/explain.py)."""
     warnings: list[str] = field(default_factory=list)
     source: str = "checkpoint"
     """"checkpoint" (a trained GNN) or "analytic-prior" (no checkpoint for this hardware yet: the
@@ -580,6 +583,9 @@ def predict_many(spec: str, precisions: list[str], batch_size: int, seq_len: int
             pred.comm_total_ms, pred.allreduce_buckets, pred.fabric = ddp.total_ms, ddp.buckets, ddp.fabric
         if log_node_ms is not None:
             pred.top_ops = _top_ops(log_node_ms, tensors)
+            from gnn_ptp.explain import op_breakdown
+
+            pred.op_breakdown = op_breakdown(log_node_ms, tensors)
         if total_steps is not None:
             pred.steps = total_steps
             pred.total_s = iteration * total_steps / 1e3

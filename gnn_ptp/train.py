@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gnn_ptp import checkpoint, dataset, metrics
+from gnn_ptp import checkpoint, dataset, metrics, node_labels
 from gnn_ptp.errors import UserError, closest
 from gnn_ptp.model import ModelConfig, StepTimeGNN, log_total
 
@@ -48,6 +48,10 @@ class TrainConfig:
     """Weight of the peak-memory loss next to the time loss."""
     threads: int | None = None
     """torch CPU threads for training (None: torch's default)."""
+    node_weight: float = 0.0
+    """Weight of the node-level loss next to the phase loss: Huber on each profiled node's log time, weighted
+    by its measured share of its phase (gnn_ptp/node_labels.py; needs readout node_sum). 0: phase totals
+    only, as before node labels existed."""
 
     def __post_init__(self):
         for name in ("batch_size", "epochs", "patience", "seed"):
@@ -58,11 +62,15 @@ class TrainConfig:
                   "patience": self.patience >= 1, "weight_decay": self.weight_decay >= 0,
                   "test_fraction": 0 <= self.test_fraction < 1, "val_fraction": 0 <= self.val_fraction < 1,
                   "memory_weight": self.memory_weight >= 0,
+                  "node_weight": isinstance(self.node_weight, (int, float)) and 0 <= self.node_weight < math.inf,
                   "test_fraction + val_fraction": self.test_fraction + self.val_fraction < 1}
         for name, ok in checks.items():
             if not ok:
                 value = getattr(self, name, None) if "+" not in name else self.test_fraction + self.val_fraction
                 raise UserError(f"training config: {name} = {value!r} is out of range")
+        if self.node_weight and self.model.readout != "node_sum":
+            raise UserError(f"training config: node_weight = {self.node_weight!r} needs per-node times: "
+                            f"[model] readout = \"node_sum\", not {self.model.readout!r}")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -136,7 +144,7 @@ def predict_samples(model: StepTimeGNN, samples: list, batch_size: int = 32) -> 
             "pred_log_memory": torch.cat(mem).numpy()}
 
 
-def _loss(model: StepTimeGNN, batch, memory_weight: float) -> torch.Tensor:
+def _loss(model: StepTimeGNN, batch, memory_weight: float, node_weight: float = 0.0) -> torch.Tensor:
     out = model(batch)
     lp = out["log_phase_ms"]
     huber = torch.nn.functional.huber_loss
@@ -144,6 +152,10 @@ def _loss(model: StepTimeGNN, batch, memory_weight: float) -> torch.Tensor:
     known = ~torch.isnan(batch.mem)
     if memory_weight and known.any():
         loss = loss + memory_weight * huber(out["log_memory"][known], batch.mem[known], delta=HUBER_DELTA)
+    if node_weight:
+        nodes = node_labels.node_loss(out["log_node_ms"], batch, HUBER_DELTA)
+        if nodes is not None:
+            loss = loss + node_weight * nodes
     return loss
 
 
@@ -176,6 +188,9 @@ def prepare(data_dir, cfg: TrainConfig, log, strict: bool = False):
     if not samples:
         raise UserError(f"none of the {len(measured)} configurations in {data_dir} could be traced; "
                         "see the skipped lines above")
+    if cfg.node_weight and cfg.model.precision_aware:
+        n = node_labels.attach(samples, node_labels.load(data_dir, measured, log=log))
+        log(f"node labels: {n} of {len(samples)} configurations have profiled nodes")
     split = dataset.family_split([s.family for s in samples], cfg.seed, cfg.test_families, cfg.val_families,
                                  cfg.test_fraction, cfg.val_fraction)
     parts = {name: [s for s in samples if split[s.family] == name] for name in ("train", "val", "test")}
@@ -228,7 +243,7 @@ def train(cfg: TrainConfig, data_dir: str | Path, out: str | Path | None, logger
         total, count = 0.0, 0
         for batch in loader:
             optimizer.zero_grad(set_to_none=True)
-            loss = _loss(model, batch, cfg.memory_weight)
+            loss = _loss(model, batch, cfg.memory_weight, cfg.node_weight if cfg.model.precision_aware else 0.0)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)
             optimizer.step()

@@ -311,6 +311,14 @@ def test_cli_dry_run_prints_the_plan(capsys):
     assert "hf:llama* 1.1G" in text
 
 
+def test_cli_dry_run_of_the_cpu_grid(tmp_path, capsys):
+    """The CPU grid's --set values include lists (swin's depths): the plan keys models by their repr."""
+    grid = Path(__file__).parent.parent / "training" / "grids" / "cpu.toml"
+    code = cli.main(["collect", "--grid", str(grid), "--out", str(tmp_path / "cpu"), "--dry-run"])
+    text = capsys.readouterr().out
+    assert code == 0 and "399 configurations" in text and "hf:swin* 304k" in text
+
+
 # --- the H100 grid ---------------------------------------------------------------------------------
 
 

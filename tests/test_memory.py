@@ -178,7 +178,7 @@ def test_every_out_of_memory_record_is_predicted_not_to_fit():
 
     root = Path(__file__).resolve().parent.parent / "datasets"
     folders = [d for d in sorted(root.glob("*")) if d.is_dir() and any(d.glob("*.jsonl"))]
-    rows = [r for d in folders for r in memory.check_records(d) if r["status"] == "oom"] if folders else []
+    rows = [r for d in folders for r in memory.check_records(d, status="oom")] if folders else []
     if not rows:
         pytest.skip("no out-of-memory records in datasets/")
     assert [r["config"] for r in rows if r["predicted_fits"]] == []

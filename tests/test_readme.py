@@ -38,6 +38,10 @@ RUN = {
             "<- fastest"],
     CPU_EXAMPLE: ["hf:gpt2 on 1x cpu", "fp32", "amp-bf16", "bf16", "<- fastest",
                   "left out: tf32, torch-default, amp-fp16"],
+    CPU_EXAMPLE + " --explain": ["top 8 ops by predicted share in any class", "per-op times from the per-node head of",
+                                 "fp32", "amp-bf16", "bf16"],
+    "gnn-ptp predict hf:gpt2 --batch-size 8 --seq-len 1024 --precision bf16 --explain": [
+        ANALYTIC, "per-op times from the calibrated physical prior (ANALYTIC ESTIMATE", "top 8 ops by predicted time (bf16"],
     "gnn-ptp predict hf:llama --batch-size 4 --seq-len 2048 --precision all": ["hf:llama on 1x h100", ANALYTIC],
     "gnn-ptp predict hf:llama --batch-size 4 --seq-len 2048 --precision all --gpus 8 --epochs 3 "
     "--dataset-size 1000000 --gpu-hour-cost 2.5": ["hf:llama on 8x h100", ANALYTIC, "h100-nvswitch"],
@@ -76,6 +80,15 @@ NOT_IN_CI = {
     "pip install -e '.[vision,test]'": ("installs packages from the network; .ci/run installs the same "
                                         "extras", "extras"),
     "python -m pytest -q": ("is this test suite", "pytest"),
+    "gnn-ptp collect --grid training/grids/cpu.toml --out PASS/cpu --threads 1 --profile all --budget-s 600":
+        ("measures the CPU grid for ~10 minutes (one pass); test_node_labels.py harvests a tiny grid with "
+         "profiles", "parse"),
+    "gnn-ptp data match datasets/cpu": ("traces the 399 configurations of the CPU dataset (minutes); "
+                                        "test_match.py matches a tiny real harvest", "parse"),
+    "gnn-ptp train --data datasets/cpu --config training/cpu_nodes.toml --out nodes-ckpt --epochs 60 --threads 1":
+        ("trains for ~8 minutes; test_node_labels.py trains a small checkpoint with node labels", "parse"),
+    "gnn-ptp evaluate --checkpoint nodes-ckpt --data datasets/cpu --json":
+        ("needs the checkpoint the line above trains; test_node_labels.py evaluates a small one", "parse"),
     "gnn-ptp collect --grid training/grids/h100.toml --out datasets/h100": ("measures on an H100", "parse"),
     "gnn-ptp train --data datasets/cpu --config training/cpu.toml --out checkpoints/cpu --baselines":
         ("trains for ~10 minutes on 2 cores and would replace the shipped checkpoint; test_train.py trains "
