@@ -182,8 +182,8 @@ def test_calibrate_collectives_and_fsdp_overheads(tmp_path):
     out = tmp_path / "p.json"
     shutil.copy(interconnect.resources.files("gnn_ptp") / "interconnects" / "cpu-gloo.json", out)
     before = json.loads(out.read_text())
-    cfg = CalibrateConfig(out=out, procs=(2,), collectives=("all_gather", "reduce_scatter"), min_bytes=4 << 10,
-                          max_bytes=256 << 10, fit_min_bytes=32 << 10, min_time_s=0.01, fsdp=True)
+    cfg = CalibrateConfig(out=out, procs=(2,), collectives=("all_gather", "reduce_scatter"), min_bytes=64 << 10,
+                          max_bytes=4 << 20, fit_min_bytes=512 << 10, min_time_s=0.01, fsdp=True)
     cfg.validate()
     prof = calibrate(cfg)
     assert json.loads(json.dumps([f.to_dict() for f in prof.intra])) == before["intra"]  # all-reduce lines kept

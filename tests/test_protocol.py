@@ -147,10 +147,19 @@ def test_a_checkpoint_from_before_the_options_still_loads(synthetic_dir, tmp_pat
     assert model.cfg.target == "log_ms" and not model.cfg.hardware_descriptor and model.descriptor is None
 
 
-def test_shipped_checkpoint_loads_with_the_new_defaults():
+def test_a_checkpoint_from_before_the_options_loads_with_the_new_defaults(tmp_path):
+    """The shipped checkpoint with its meta written as before target / hardware_descriptor existed."""
+    import json
+    import shutil
     from pathlib import Path
 
-    model, meta = checkpoint.load(Path(__file__).resolve().parent.parent / "checkpoints" / "cpu")
+    old = tmp_path / "old"
+    shutil.copytree(Path(__file__).resolve().parent.parent / "checkpoints" / "cpu", old)
+    meta = json.loads((old / "meta.json").read_text())
+    for key in ("target", "hardware_descriptor"):
+        meta["model"].pop(key, None)
+    (old / "meta.json").write_text(json.dumps(meta))
+    model, meta = checkpoint.load(old)
     assert "target" not in meta["model"] and model.cfg.target == "log_ms" and model.descriptor is None
 
 
