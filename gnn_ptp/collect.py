@@ -572,6 +572,10 @@ def collect(cfg: CollectConfig) -> dict:
             import torch.distributed as dist
 
             if dist.is_initialized():
+                try:  # leave together: a rank tearing gloo down while another is still in a call aborts it
+                    dist.barrier()
+                except Exception:  # noqa: BLE001 - a rank already gone; tear down regardless
+                    pass
                 dist.destroy_process_group()
     counts["elapsed_s"] = round(time.perf_counter() - start, 1)
     if rank == 0:
