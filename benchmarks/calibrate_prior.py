@@ -39,7 +39,6 @@ import math
 import platform
 import subprocess
 import sys
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -187,18 +186,9 @@ def fit_h100(root: Path, seed: int = 0) -> tuple[dict, dict]:
 
 
 def _best(fn, repeat: int = 7, min_s: float = 0.002) -> float:
-    fn()
-    times = []
-    for _ in range(repeat):
-        calls, start = 0, time.perf_counter()
-        while True:
-            fn()
-            calls += 1
-            elapsed = time.perf_counter() - start
-            if elapsed >= min_s:
-                break
-        times.append(elapsed / calls)
-    return min(times)
+    from gnn_ptp.descriptor import _best_s
+
+    return _best_s(fn, repeat, min_s)
 
 
 def cpu_name() -> str:

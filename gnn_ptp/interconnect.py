@@ -172,9 +172,9 @@ class Interconnect:
         if fits:
             fit = min(fits, key=lambda f: (abs(math.log2(f.measured_gpus) - math.log2(gpus)), -f.measured_gpus))
             return fit.allreduce_us(message_bytes, gpus), True
-        fabric = self.level(gpus, given)
-        return min(fabric.alpha_us_at(gpus, alpha) / 2 + (gpus - 1) / gpus * message_bytes / (busbw * 1e3)
-                   for _, alpha, busbw in fabric.lines()), False
+        from gnn_ptp.fsdp import collective_us
+
+        return collective_us(self.level(gpus, given), kind, message_bytes, gpus), False
 
     def compute_slowdown(self, gpus: int, nodes: int | None = None) -> float:
         """How much slower each rank computes because ranks share a node's compute (CPUs only)."""

@@ -378,12 +378,9 @@ def _fsdp(profile, dp: DataParallel, mode: str, fwd: float, bwd: float, opt: flo
     it has them (``Interconnect.collective_us``), else derived from its all-reduce lines."""
     from gnn_ptp import fsdp
 
-    copy = None
-    if profile.node_sharing:  # CPU ranks: flat-buffer copies on the compute thread
-        def copy(nbytes):
-            return profile.bucket_copy_ms(nbytes, dp.gpus, dp.nodes)
     step = fsdp.fsdp_step(fwd, bwd, opt, blocks, profile.level(dp.gpus, dp.nodes), dp.gpus, param_bytes=param_bytes,
-                          mode=mode, overlap=profile.overlap, copy_ms=copy,
+                          mode=mode, overlap=profile.overlap,
+                          copy_ms=lambda nbytes: profile.bucket_copy_ms(nbytes, dp.gpus, dp.nodes),  # 0 on GPUs
                           collective=lambda kind, nbytes: profile.collective_us(kind, nbytes, dp.gpus, dp.nodes)[0],
                           overheads=profile.fsdp_overheads(dp.gpus, dp.nodes))
     if dp.grad_accum > 1:  # each micro-step gathers and reduce-scatters again (FSDP2's default); one optimizer
