@@ -200,7 +200,7 @@ def _spawned_world(rank: int, world: int, init_file: str, out_file: str, cfg: Ca
         if cfg.fsdp:
             from gnn_ptp import fsdp_overheads
 
-            stacks = fsdp_overheads.measure()
+            stacks = {"stacks": fsdp_overheads.measure(), "fresh": fsdp_overheads.measure_fresh()}
         if rank == 0:
             Path(out_file).write_text(json.dumps({"rows": rows, "sharing": sharing, "fsdp_stacks": stacks}))
     finally:
@@ -406,7 +406,8 @@ def calibrate(cfg: CalibrateConfig):
         if cfg.fsdp:
             from gnn_ptp import fsdp_overheads
 
-            measured = {str(w): {**fsdp_overheads.fit(raw, profile, w), "raw": raw} for w, raw in stacks.items()}
+            measured = {str(w): {**fsdp_overheads.fit(got["stacks"], profile, w, got["fresh"]), "raw": got["stacks"]}
+                        for w, got in stacks.items()}
             profile = dataclasses.replace(profile, fsdp={**profile.fsdp, **measured})
     interconnect.write(profile, cfg.out)
     return profile
@@ -429,9 +430,12 @@ def format_profile(profile) -> str:
             lines.append(f"  {level} fit at {f.measured_gpus} ranks:")
             lines += ["    " + line for line in comm.describe_fabric(f, rows)]
     for ranks, ov in sorted(profile.fsdp.items(), key=lambda kv: int(kv[0])):
+        fresh = ov.get("fresh") or {}
         lines.append(f"  FSDP2 host overheads at {ranks} ranks (synthetic stacks): {ov['unit_forward_ms']:.2f} ms "
                      f"forward and {ov['unit_backward_ms']:.2f} ms backward per unit, "
-                     f"{ov['optimizer_tensor_ms'] * 1e3:.0f} us optimizer per parameter tensor")
+                     f"{ov['optimizer_tensor_ms'] * 1e3:.0f} us optimizer per parameter tensor"
+                     + (f"; fresh buffers above {fresh['threshold_bytes'] / 2 ** 20:.1f} MiB cost "
+                        f"{fresh['ms_per_MiB']:.3f} ms per MiB" if fresh.get("threshold_bytes") is not None else ""))
     for kind, levels in sorted(profile.collectives.items()):
         for level, fits in sorted(levels.items()):
             for f in fits:

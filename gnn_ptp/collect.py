@@ -486,9 +486,12 @@ def plan(cfg: CollectConfig) -> Plan:
     env = records.environment(device)
     hardware = env["hardware"]
     out = Path(cfg.out)
-    if out.name != hardware and not cfg.allow_dir_mismatch:
+    # CPU kinds differ (records carry env.cpu_kind); each kind may have its own folder cpu-<kind>
+    cpu_kind_folder = hardware == "cpu" and out.name.startswith("cpu-")
+    if out.name != hardware and not cpu_kind_folder and not cfg.allow_dir_mismatch:
         raise UserError(f"--out {cfg.out}: this machine is {hardware!r} ({env['device_name']}); its records "
-                        f"belong in a folder named {hardware!r} (e.g. datasets/{hardware}); "
+                        f"belong in a folder named {hardware!r} (e.g. datasets/{hardware}"
+                        f"{', or cpu-<kind> for one CPU kind' if hardware == 'cpu' else ''}); "
                         "--allow-dir-mismatch to override")
     name, configs = load_grid(cfg.grid)
     skipped_precision = 0

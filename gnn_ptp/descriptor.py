@@ -4,7 +4,7 @@ A descriptor names one hardware kind by its ceilings: peak GEMM rate per compute
 non-GEMM (vector) kernels, memory bandwidth and the launch floor (least time one eager kernel costs).
 GPUs get datasheet figures (``gnn_ptp/hardware.py``: H100 SXM, H200, A100); a CPU gets what
 ``measure_cpu`` measures on it with one thread, stored in ``gnn_ptp/hardware_descriptors/<slug>.json``,
-keyed by the CPU model that records carry in ``env.cpu_model`` (GPU records: ``env.device_name``).
+keyed by the CPU kind that records carry in ``env.cpu_kind`` (older records: ``env.cpu_model``) (GPU records: ``env.device_name``).
 
 A descriptor serves the GNN twice (``ModelConfig.hardware_descriptor``, ``ModelConfig.target``):
 ``features()`` is a small log-scaled vector added to the graph-level embedding, and ``profile()`` is the
@@ -184,7 +184,10 @@ def for_env(env: dict, folder: Path | None = None) -> Descriptor:
     folder = Path(folder or DESCRIPTOR_DIR)
     hardware = env.get("hardware", "?")
     if hardware == "cpu":
-        model = env.get("cpu_model")
+        # records since 2026-11-24 carry the CPU kind (model name + family and model numbers); older ones
+        # only the model name, which a VM may share between generations: those map to the descriptor
+        # measured for that name (this project's first AMD EPYC machine, the one they were measured on)
+        model = env.get("cpu_kind") or env.get("cpu_model")
         if not model:
             return reference_cpu()
         found = stored_cpus(folder).get(slug(model))
@@ -269,10 +272,11 @@ def _best_s(fn, repeat: int = 5, min_s: float = 0.002) -> float:
 
 
 def cpu_model() -> str:
-    """The CPU model name as records store it (``env.cpu_model``)."""
-    from gnn_ptp.records import _cpu_model
+    """The CPU as records name it: its kind (``env.cpu_kind``: model name, family and model numbers), or
+    the model name alone (``env.cpu_model``) where the kind is unknown."""
+    from gnn_ptp.records import _cpu_kind, _cpu_model
 
-    return _cpu_model() or "unknown CPU"
+    return _cpu_kind() or _cpu_model() or "unknown CPU"
 
 
 def measure_cpu(threads: int = 1, sizes=(512, 1024, 2048), log=None) -> Descriptor:

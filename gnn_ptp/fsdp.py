@@ -62,10 +62,23 @@ class Overheads:
     """Per wrapped unit, backward (its gather and its reduce-scatter's bookkeeping)."""
     optimizer_tensor_ms: float = 0.0
     """Per parameter tensor, the optimizer step on a sharded DTensor over the same step on a plain one."""
+    fresh_threshold_bytes: float | None = None
+    """Buffers larger than this are page-faulted in anew at every allocation (glibc maps them from the
+    kernel: its mmap threshold); None: no fresh-buffer cost measured."""
+    fresh_ms_per_MiB: float = 0.0
+    """What such a buffer costs per MiB on the compute thread, beyond writing it (measured, all ranks at once)."""
+
+    def fresh_ms(self, nbytes: float) -> float:
+        """The extra cost of one freshly allocated buffer of ``nbytes`` (FSDP2's flat all-gather output and
+        reduce-scatter input are allocated at every call)."""
+        if self.fresh_threshold_bytes is None or nbytes <= self.fresh_threshold_bytes:
+            return 0.0
+        return nbytes / 2 ** 20 * self.fresh_ms_per_MiB
 
     def to_dict(self) -> dict:
         return {"unit_forward_ms": self.unit_forward_ms, "unit_backward_ms": self.unit_backward_ms,
-                "optimizer_tensor_ms": self.optimizer_tensor_ms}
+                "optimizer_tensor_ms": self.optimizer_tensor_ms, "fresh_threshold_bytes": self.fresh_threshold_bytes,
+                "fresh_ms_per_MiB": self.fresh_ms_per_MiB}
 
 
 def find_blocks(model: torch.nn.Module) -> Blocks:
@@ -135,9 +148,15 @@ def fsdp_step(forward_ms: float, backward_ms: float, optimizer_ms: float, blocks
     units = [u for u in units if u > 0] or [max(blocks.total, 1)]
     total = float(sum(units))
     ov = overheads or Overheads()
-    fwd = [forward_ms * u / total + ov.unit_forward_ms for u in units]
-    bwd = [backward_ms * u / total + ov.unit_backward_ms for u in units]
-    host_ms = len(units) * (ov.unit_forward_ms + ov.unit_backward_ms) + blocks.tensors * ov.optimizer_tensor_ms
+    # FSDP2's fresh flat buffers per unit: the all-gather output (forward, and again in the backward under
+    # fsdp), the reduce-scatter's input and output; each costs page faults where the allocator maps it anew
+    fresh_fwd = [ov.fresh_ms(u * param_bytes) for u in units]
+    fresh_bwd = [(ov.fresh_ms(u * param_bytes) if mode == "fsdp" else 0.0) + ov.fresh_ms(u * reduce_bytes)
+                 + ov.fresh_ms(u * reduce_bytes / gpus) for u in units]
+    fwd = [forward_ms * u / total + ov.unit_forward_ms + f for u, f in zip(units, fresh_fwd)]
+    bwd = [backward_ms * u / total + ov.unit_backward_ms + f for u, f in zip(units, fresh_bwd)]
+    host_ms = (len(units) * (ov.unit_forward_ms + ov.unit_backward_ms) + blocks.tensors * ov.optimizer_tensor_ms
+               + sum(fresh_fwd) + sum(fresh_bwd))
     if collective is None:
         def collective(kind, nbytes):
             return collective_us(fabric, kind, nbytes, gpus)

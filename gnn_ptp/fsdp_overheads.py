@@ -13,6 +13,14 @@ so that the schedule can be checked against real FSDP steps it was never fitted 
 2. the schedule predicts each FSDP step from the unsharded phases, the profile's compute slowdown, its
    measured collectives and copies, with no overheads; what it misses per unit (forward, backward) and per
    parameter tensor (optimizer) is fitted by least squares through the origin over the stacks.
+
+It also measures what a *fresh* buffer costs (``measure_fresh``): FSDP2 allocates its flat all-gather
+output and its reduce-scatter input anew at every call. CPU allocators hand small buffers back from the
+heap, but glibc maps every allocation above its mmap threshold (32 MiB at most) from the kernel and
+unmaps it on free, so each such buffer is page-faulted in again, on the compute thread (on this project's
+VM about 0.36 ms per MiB: a ResNet-18 unit's 45 MiB gather costs 16 ms more than the collective timed on
+a reused buffer). Each rank allocates and fills buffers of a range of sizes, all ranks at once, against
+the same fill of a reused buffer; the threshold is found by bisection and the cost above it fitted per MiB.
 """
 
 from __future__ import annotations
@@ -107,10 +115,86 @@ def measure(steps: int = 15) -> list[dict]:
     return rows
 
 
-def fit(rows: list[dict], profile, gpus: int) -> dict:
+FRESH_SIZES_MIB = (1, 2, 4, 8, 16, 32, 64, 128)
+MIN_FRESH_MS_PER_MIB = 0.01
+"""Below 10 us per MiB (a fresh buffer as cheap as a 100 GB/s write) there is nothing to model."""
+
+
+def _fresh_extra_ms(nbytes: int, agree, reps: int = 9) -> float:
+    """Median extra ms of filling a freshly allocated buffer of ``nbytes`` over filling a reused one, the
+    slowest rank's (all ranks at once)."""
+    import torch
+    import torch.distributed as dist
+
+    numel = max(1, nbytes // 4)
+    reused = torch.empty(numel)
+
+    def timed(fn) -> float:
+        fn()
+        fn()
+        times = []
+        for _ in range(reps):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+        return statistics.median(times) * 1e3
+
+    dist.barrier()
+    fresh = timed(lambda: torch.empty(numel).fill_(1.0))
+    plain = timed(lambda: reused.fill_(1.0))
+    del reused
+    return agree({"extra": fresh - plain})["extra"]
+
+
+def measure_fresh(sizes_mib=FRESH_SIZES_MIB, bisect_steps: int = 7) -> dict:
+    """In the current process group: the extra cost of a fresh buffer over a reused one, by size, every
+    rank at once; where the cost jumps (an allocator's mmap threshold) the threshold is bisected.
+    Returns ``{"rows": [{"bytes", "extra_ms"}], "threshold_bytes", "ms_per_MiB"}`` (threshold None and
+    rate 0 where no size is costly); every rank returns the same."""
+    import torch
+    import torch.distributed as dist
+
+    def agree(values: dict) -> dict:
+        t = torch.tensor(list(values.values()), dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return dict(zip(values, t.tolist()))
+
+    rows = [{"bytes": int(m * 2 ** 20), "extra_ms": _fresh_extra_ms(int(m * 2 ** 20), agree)} for m in sizes_mib]
+    largest = rows[-1]
+    rate = largest["extra_ms"] / (largest["bytes"] / 2 ** 20)  # ms per MiB at the largest size
+
+    def costly(row) -> bool:  # at least half the per-MiB cost of the largest buffer
+        return row["extra_ms"] / (row["bytes"] / 2 ** 20) >= rate / 2
+
+    if rate < MIN_FRESH_MS_PER_MIB or not costly(largest):
+        return {"rows": rows, "threshold_bytes": None, "ms_per_MiB": 0.0}
+    first = next(i for i, r in enumerate(rows) if costly(r) and all(costly(x) for x in rows[i:]))
+    if first == 0:
+        threshold = 0
+    else:
+        lo, hi = rows[first - 1]["bytes"], rows[first]["bytes"]  # cheap at lo, costly at hi
+        for _ in range(bisect_steps):
+            mid = (lo + hi) // 2 // 4096 * 4096
+            if mid in (lo, hi):
+                break
+            row = {"bytes": mid, "extra_ms": _fresh_extra_ms(mid, agree)}
+            rows.append(row)
+            lo, hi = (lo, mid) if costly(row) else (mid, hi)
+        threshold = lo
+    above = [r for r in rows if r["bytes"] > threshold]
+    per_mib = sum(r["extra_ms"] for r in above) / sum(r["bytes"] / 2 ** 20 for r in above)
+    return {"rows": sorted(rows, key=lambda r: r["bytes"]), "threshold_bytes": threshold, "ms_per_MiB": per_mib}
+
+
+def fit(rows: list[dict], profile, gpus: int, fresh: dict | None = None) -> dict:
     """Overheads (``fsdp.Overheads`` fields) that close the gap between the schedule without overheads and
-    the measured FSDP steps of ``rows`` at ``gpus`` ranks of ``profile``, with each stack's residuals."""
+    the measured FSDP steps of ``rows`` at ``gpus`` ranks of ``profile``, with each stack's residuals;
+    ``fresh`` (``measure_fresh``'s result at these ranks), where given, is priced first and kept."""
     from gnn_ptp import fsdp
+
+    fresh = fresh or {}
+    priced = fsdp.Overheads(fresh_threshold_bytes=fresh.get("threshold_bytes"),
+                            fresh_ms_per_MiB=fresh.get("ms_per_MiB", 0.0))
 
     slowdown = profile.compute_slowdown(gpus)
     fabric = profile.level(gpus)
@@ -126,8 +210,10 @@ def fit(rows: list[dict], profile, gpus: int) -> dict:
         copy = sum(profile.bucket_copy_ms(u * 4, gpus) for u in per_unit)  # one tensor in and out
         # the schedule on gloo (no overlap) puts a gather before each unit's forward and backward, a
         # reduce-scatter after its backward, and the copies on the compute thread: by phase
-        missed = {"forward": r["fsdp"]["forward_ms"] - plain["forward_ms"] - ag - copy,
-                  "backward": r["fsdp"]["backward_ms"] - plain["backward_ms"] - ag - rs - 2 * copy,
+        fresh_fwd = sum(priced.fresh_ms(u * 4) for u in per_unit)
+        fresh_bwd = sum(2 * priced.fresh_ms(u * 4) + priced.fresh_ms(u * 4 / gpus) for u in per_unit)
+        missed = {"forward": r["fsdp"]["forward_ms"] - plain["forward_ms"] - ag - copy - fresh_fwd,
+                  "backward": r["fsdp"]["backward_ms"] - plain["backward_ms"] - ag - rs - 2 * copy - fresh_bwd,
                   "optimizer": r["fsdp"]["optimizer_ms"] - plain["optimizer_ms"] / gpus}
         count = {"forward": units, "backward": units, "optimizer": r["tensors"]}
         for k in sums:
@@ -135,5 +221,8 @@ def fit(rows: list[dict], profile, gpus: int) -> dict:
             sums[k][1] += count[k] ** 2
         residuals.append({"blocks": r["blocks"], "width": r["width"], **{f"{k}_missed_ms": v for k, v in missed.items()}})
     est = {k: max(0.0, a / b) if b else 0.0 for k, (a, b) in sums.items()}
-    return {"unit_forward_ms": est["forward"], "unit_backward_ms": est["backward"],
-            "optimizer_tensor_ms": est["optimizer"], "stacks": residuals, "gpus": gpus}
+    out = {"unit_forward_ms": est["forward"], "unit_backward_ms": est["backward"],
+           "optimizer_tensor_ms": est["optimizer"], "stacks": residuals, "gpus": gpus}
+    if fresh:
+        out["fresh"] = fresh
+    return out

@@ -109,7 +109,9 @@ class Interconnect:
         per_node = gpus // self.nodes_for(gpus, nodes)
         key = min(self.fsdp, key=lambda k: (abs(math.log2(int(k)) - math.log2(per_node)), -int(k)))
         d = self.fsdp[key]
-        return Overheads(d["unit_forward_ms"], d["unit_backward_ms"], d["optimizer_tensor_ms"])
+        fresh = d.get("fresh") or {}
+        return Overheads(d["unit_forward_ms"], d["unit_backward_ms"], d["optimizer_tensor_ms"],
+                         fresh.get("threshold_bytes"), fresh.get("ms_per_MiB", 0.0))
 
     def nodes_for(self, gpus: int, nodes: int | None = None) -> int:
         if nodes is None:
@@ -171,6 +173,10 @@ class Interconnect:
         fits = self.collectives.get(kind, {}).get(level, ())
         if fits:
             fit = min(fits, key=lambda f: (abs(math.log2(f.measured_gpus) - math.log2(gpus)), -f.measured_gpus))
+            if len(rows) >= 2 and message_bytes > rows[-1][0]:  # beyond the largest measured size: continue
+                # from it along the line's slope (the line alone can sit below the last row: not monotone)
+                top, top_us = rows[-1]
+                return top_us + max(0.0, fit.allreduce_us(message_bytes, gpus) - fit.allreduce_us(top, gpus)), True
             return fit.allreduce_us(message_bytes, gpus), True
         from gnn_ptp.fsdp import collective_us
 

@@ -187,6 +187,24 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def _cpu_kind() -> str | None:
+    """The CPU's kind: its model name with the family and model numbers of /proc/cpuinfo, e.g. 'AMD EPYC
+    (family 26 model 2)'. Virtual machines often name several generations alike ('AMD EPYC' for Zen 4 and
+    Zen 5, which run the same steps up to 2x apart); the numbers tell them apart. None where unknown."""
+    fields = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if not line.strip():
+                break  # the first processor's block is enough
+            key, _, value = line.partition(":")
+            fields[key.strip()] = value.strip()
+    except OSError:
+        return None
+    if "model name" not in fields or "cpu family" not in fields or "model" not in fields:
+        return None
+    return f"{fields['model name']} (family {fields['cpu family']} model {fields['model']})"
+
+
 def hardware_label(device_name: str) -> str:
     """``NVIDIA H100 80GB HBM3`` -> ``h100``; every GPU kind is its own target; ``cpu`` for CPUs."""
     name = device_name.lower()
@@ -210,6 +228,7 @@ def environment(device) -> dict:
         "torch_geometric": _version("torch-geometric"),
         "python": platform.python_version(),
         "cpu_model": _cpu_model(),
+        "cpu_kind": _cpu_kind(),
         "cpu_count": os.cpu_count(),
         "num_threads": torch.get_num_threads(),
         "cpu_affinity": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,

@@ -58,7 +58,9 @@ def test_this_cpu_s_descriptor_is_measured_and_stored_by_cpu_model():
 
 
 @pytest.mark.parametrize("env, name", [
-    ({"hardware": "cpu", "cpu_model": "AMD EPYC"}, "amd-epyc"),
+    ({"hardware": "cpu", "cpu_model": "AMD EPYC"}, "amd-epyc"),  # older records: the model name alone
+    ({"hardware": "cpu", "cpu_model": "AMD EPYC", "cpu_kind": "AMD EPYC (family 26 model 2)"},
+     "amd-epyc-family-26-model-2"),  # the kind, where recorded, tells generations of one name apart
     ({"hardware": "h100", "device_name": "NVIDIA H100 80GB HBM3"}, "h100"),
     ({"hardware": "h200", "device_name": "NVIDIA H200"}, "h200"),
     ({"hardware": "a100", "device_name": "NVIDIA A100-SXM4-80GB"}, "a100"),
@@ -151,3 +153,20 @@ def test_cli_lists_descriptors_and_refuses_write_without_measure(capsys):
     assert "h100" in out and "amd-epyc" in out and "datasheet" in out
     assert descriptor.main(["--write"]) == 2
     assert "--write needs --measure" in capsys.readouterr().err
+
+
+def test_records_name_the_cpu_kind_and_cpu_kinds_get_their_own_folders(tmp_path):
+    """A CPU record carries its kind (model name + family and model numbers, where /proc/cpuinfo has
+    them); the collector takes datasets/cpu or datasets/cpu-<kind> on a CPU, and refuses other names."""
+    from gnn_ptp import records
+    from gnn_ptp.collect import CollectConfig, collect
+
+    env = records.environment(torch.device("cpu"))
+    kind = records._cpu_kind()
+    assert env["cpu_kind"] == kind
+    if kind is not None:
+        assert kind.startswith(env["cpu_model"]) and "family" in kind
+        if descriptor.slug(kind) in descriptor.stored_cpus():  # measured here: found by kind, not by name
+            assert descriptor.for_env(env).name == descriptor.slug(kind)
+    with pytest.raises(UserError, match="folder named 'cpu'.*cpu-<kind>"):
+        collect(CollectConfig(grid="training/grids/cpu.toml", out=tmp_path / "gpu-things", device="cpu", limit=1))

@@ -130,6 +130,46 @@ def test_overheads_add_per_unit_and_per_tensor():
         assert more.compute_ms == base.compute_ms
 
 
+def test_fresh_buffers_above_the_threshold_cost_per_mib():
+    """Made-up fresh-buffer figures: a unit above the threshold pays for its gather output in the forward,
+    and in the backward for the gather again (fsdp only), the reduce-scatter's input and (if large) output;
+    below the threshold nothing."""
+    ov = fsdp.Overheads(fresh_threshold_bytes=32 * 2 ** 20, fresh_ms_per_MiB=0.5)
+    assert ov.fresh_ms(32 * 2 ** 20) == 0.0 and ov.fresh_ms(40 * 2 ** 20) == pytest.approx(20.0)
+    assert fsdp.Overheads().fresh_ms(1 << 30) == 0.0  # not measured: free
+    unit = 10 * 2 ** 20  # parameters: 40 MiB in fp32, 20 MiB in bf16
+    blocks = fsdp.Blocks([unit], 0, "layers", tensors=2)
+    for overlap in (False, True):
+        base = fsdp.fsdp_step(10.0, 20.0, 4.0, blocks, FABRIC, 2, param_bytes=4, overlap=overlap)
+        more = fsdp.fsdp_step(10.0, 20.0, 4.0, blocks, FABRIC, 2, param_bytes=4, overlap=overlap, overheads=ov)
+        assert more.iteration_ms - base.iteration_ms == pytest.approx(3 * 20.0)  # fwd AG, bwd AG, RS input
+        base = fsdp.fsdp_step(10.0, 20.0, 4.0, blocks, FABRIC, 2, param_bytes=4, overlap=overlap,
+                              mode="fsdp-no-reshard")
+        more = fsdp.fsdp_step(10.0, 20.0, 4.0, blocks, FABRIC, 2, param_bytes=4, overlap=overlap, overheads=ov,
+                              mode="fsdp-no-reshard")
+        assert more.iteration_ms - base.iteration_ms == pytest.approx(2 * 20.0)
+        small = fsdp.fsdp_step(10.0, 20.0, 4.0, blocks, FABRIC, 2, param_bytes=2, reduce_bytes=2, overlap=overlap,
+                               overheads=ov)
+        assert small.iteration_ms == pytest.approx(fsdp.fsdp_step(
+            10.0, 20.0, 4.0, blocks, FABRIC, 2, param_bytes=2, reduce_bytes=2, overlap=overlap).iteration_ms)
+
+
+def test_fresh_threshold_is_bisected(monkeypatch):
+    """measure_fresh on a made-up allocator (no process group: the timing is replaced): buffers above
+    33 MiB cost 0.4 ms per MiB, smaller ones nothing; the threshold is found to within 1 MiB and the rate
+    fitted above it."""
+    from gnn_ptp import fsdp_overheads
+
+    cut = 33 * 2 ** 20
+    monkeypatch.setattr(fsdp_overheads, "_fresh_extra_ms",
+                        lambda nbytes, agree, reps=9: 0.4 * nbytes / 2 ** 20 if nbytes > cut else 0.01)
+    got = fsdp_overheads.measure_fresh()
+    assert cut - 2 ** 20 <= got["threshold_bytes"] <= cut
+    assert got["ms_per_MiB"] == pytest.approx(0.4)
+    monkeypatch.setattr(fsdp_overheads, "_fresh_extra_ms", lambda nbytes, agree, reps=9: 0.02)
+    assert fsdp_overheads.measure_fresh()["threshold_bytes"] is None  # nothing costly: no threshold
+
+
 def test_measured_collectives_replace_the_allreduce_split():
     """A profile with made-up all-gather rows answers from them (interpolated in log-log inside the
     measured sizes, the fitted line outside) and says they are measured; without, the ring split."""
@@ -147,8 +187,10 @@ def test_measured_collectives_replace_the_allreduce_split():
                                collectives={"all_gather": {"intra": (line,)}})
     t, measured = prof.collective_us("all_gather", 2 << 20, 8)
     assert measured and t == pytest.approx(200.0)  # halfway in log size between 100 and 400 us
-    t, _ = prof.collective_us("all_gather", 8 << 20, 8)  # beyond the rows: the line
-    assert t == pytest.approx(line.allreduce_us(8 << 20, 8))
+    t, _ = prof.collective_us("all_gather", 8 << 20, 8)  # beyond the rows: on from the last row, the line's slope
+    assert t == pytest.approx(400.0 + line.allreduce_us(8 << 20, 8) - line.allreduce_us(4 << 20, 8))
+    t, _ = prof.collective_us("all_gather", 512 << 10, 8)  # below them: the line
+    assert t == pytest.approx(line.allreduce_us(512 << 10, 8))
     # the profile round-trips through its file format with the collectives
     again = interconnect.Interconnect.from_dict(prof.to_dict())
     assert again.collective_us("all_gather", 8 << 20, 8) == prof.collective_us("all_gather", 8 << 20, 8)
@@ -167,6 +209,10 @@ def test_shipped_gloo_profile_has_measured_fsdp_parts():
         ov = prof.fsdp_overheads(world)
         assert ov is not None and ov.unit_forward_ms > 0 and ov.unit_backward_ms > 0
     assert interconnect.load("h100-nvswitch").fsdp_overheads(8) is None
+    for world in (2, 4):  # beyond the measured sizes the time keeps growing with the size
+        for kind in ("all_gather", "reduce_scatter"):
+            times = [prof.collective_us(kind, mib << 20, world)[0] for mib in (32, 64, 128, 256)]
+            assert times == sorted(times), (kind, world, times)
 
 
 def test_calibrate_collectives_and_fsdp_overheads(tmp_path):
@@ -190,7 +236,15 @@ def test_calibrate_collectives_and_fsdp_overheads(tmp_path):
     assert prof.node_sharing == before["node_sharing"]
     assert {f.measured_gpus for f in prof.collectives["reduce_scatter"]["intra"]} == {2, 4}
     assert len(prof.fsdp["2"]["raw"]) == 3 and prof.fsdp["2"]["unit_backward_ms"] >= 0
+    fresh = prof.fsdp["2"]["fresh"]  # the fresh-buffer cost, measured by both ranks at once
+    assert len(fresh["rows"]) >= len(fsdp_overheads_sizes()) and fresh["ms_per_MiB"] >= 0
     assert interconnect.load(str(out)).fsdp_overheads(2) is not None
+
+
+def fsdp_overheads_sizes():
+    from gnn_ptp.fsdp_overheads import FRESH_SIZES_MIB
+
+    return FRESH_SIZES_MIB
 
 
 def test_calibrate_collectives_refuses_unknown(tmp_path):
