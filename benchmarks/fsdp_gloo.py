@@ -37,6 +37,9 @@ def main() -> None:
                          "configuration on the CPU: slower)")
     ap.add_argument("--no-overheads", action="store_true",
                     help="leave out FSDP2's host overheads (calibrate-comm --fsdp's synthetic-stack figures)")
+    ap.add_argument("--no-fresh", action="store_true",
+                    help="leave out the fresh-buffer cost (page faults of FSDP2's flat buffers above the "
+                         "allocator's mmap threshold), keeping the other overheads")
     args = ap.parse_args()
 
     from gnn_ptp import fsdp, interconnect
@@ -82,7 +85,7 @@ def main() -> None:
                               copy_ms=lambda b: profile.bucket_copy_ms(b, world),
                               collective=None if args.derived else
                               lambda kind, b: profile.collective_us(kind, b, world)[0],
-                              overheads=None if args.no_overheads else profile.fsdp_overheads(world))
+                              overheads=None if args.no_overheads else overheads_of(profile, world, args.no_fresh))
         measured = statistics.median(x["timing"]["step_ms"]["median"] for x in timed)
         spread = (max(x["timing"]["step_ms"]["median"] for x in group) / min(
             x["timing"]["step_ms"]["median"] for x in group) - 1) * 100 if len(group) > 1 else None
@@ -138,6 +141,13 @@ def main() -> None:
               f"{sum(e <= 10 for e in errs)} within 10%; predicted below measured in {under}")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
+
+
+def overheads_of(profile, world: int, no_fresh: bool):
+    import dataclasses
+
+    ov = profile.fsdp_overheads(world)
+    return dataclasses.replace(ov, fresh_threshold_bytes=None) if ov is not None and no_fresh else ov
 
 
 def torch_bytes(dtype) -> int:
