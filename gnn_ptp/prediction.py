@@ -421,9 +421,10 @@ def _auto_note(precision: str, options: list[dict], chosen: dict, hardware: str)
     for o in options:
         mem = "-" if o["device_bytes"] is None else _bytes(o["device_bytes"])
         fit = "" if o["fits"] is None else (" fits" if o["fits"] else " does not fit")
-        parts.append(f"{o['parallel']} {_ms(o['iteration_ms'])}, {mem} per GPU{fit}")
+        parts.append(f"{o['parallel']} {_ms(o['iteration_ms'])}, {mem} on each GPU{fit}")
     why = "the fastest that fits" if chosen["fits"] is not False else "nothing fits; the smallest"
-    return f"--parallel auto, {precision}: {chosen['parallel']} ({why} in one {hardware}): " + "; ".join(parts)
+    return (f"--parallel auto, {precision}: {chosen['parallel']} ({why} in one {hardware}): " + "; ".join(parts)
+            + " (device memory: the table's peak allocated bytes plus allocator slack and the CUDA context)")
 
 
 def _fsdp_notes(profile, gpus: int, nodes: int | None) -> list[str]:
