@@ -84,7 +84,8 @@ class Budget:
 
 def load(data_dirs, precision_aware: bool = True, log=None, strict: bool = False):
     """Samples of every folder with their hardware attached (``descriptor.attach``), the measured
-    configurations, and each configuration's repeated step-time medians (for the noise floor)."""
+    configurations, and each configuration's repeated step-time medians on its hardware (for the noise
+    floor), keyed by (hardware name, configuration key): ``repeat_key(sample)``."""
     from gnn_ptp import descriptor
     from gnn_ptp.records import iter_records, measurement_problem
 
@@ -100,7 +101,8 @@ def load(data_dirs, precision_aware: bool = True, log=None, strict: bool = False
         samples += s
         for r in iter_records(data_dir, warn=lambda _: None, strict=False, check=measurement_problem):
             if r.get("status") == "ok" and (r.get("ddp") or {}).get("world_size", 1) == 1:
-                repeats[r["key"]].append(float(r["timing"]["step_ms"]["median"]))
+                # one configuration's repeats on one hardware kind: kinds share configuration keys
+                repeats[(names[0], r["key"])].append(float(r["timing"]["step_ms"]["median"]))
     if not samples:
         raise UserError(f"none of the configurations in {', '.join(map(str, data_dirs))} could be traced")
     return measured, samples, dict(repeats)
@@ -122,6 +124,11 @@ def prepare_many(data_dirs, cfg, log, strict: bool = False):
                                  cfg.test_fraction, cfg.val_fraction)
     parts = {name: [s for s in samples if split[s.family] == name] for name in ("train", "val", "test")}
     return measured, samples, split, parts
+
+
+def repeat_key(sample) -> tuple:
+    """A sample's key into ``load``'s repeats: its hardware kind and its configuration."""
+    return getattr(sample, "hardware_name", None), sample.key
 
 
 def noise_floor(keys, repeats: dict) -> float | None:
@@ -272,7 +279,7 @@ def _lofo(base, budget, measured, samples, repeats, rng, log) -> dict:
             log(f"lofo seed {seed} {family:<20} n {len(parts['test']):3d}  "
                 + "  ".join(f"{p} {errors[p][seed][family].mean():5.1f}%" for p in errors)
                 + f"  ({time.perf_counter() - tick:.0f} s)")
-    keys_of = {f: [s.key for s in samples if s.family == f] for f in held}
+    keys_of = {f: [repeat_key(s) for s in samples if s.family == f] for f in held}
     scores = {p: score_groups(errors[p], rng, budget.bootstrap) for p in errors}
     floors = {f: noise_floor(keys_of[f], repeats) for f in held}
     for p, sc in scores.items():
@@ -330,7 +337,7 @@ def _size(base, budget, measured, samples, repeats, rng, log) -> dict:
         log(f"size seed {seed}: train {len(parts['train'])} (<= {top:.3g} FLOPs), test {len(parts['test'])}  "
             + "  ".join(f"{p} {errors[p][seed]['size'].mean():5.1f}%" for p in errors)
             + f"  ({time.perf_counter() - tick:.0f} s)")
-        test_keys = [s.key for s in parts["test"]]
+        test_keys = [repeat_key(s) for s in parts["test"]]
     scores = {}
     for p in errors:
         sc = score_groups(errors[p], rng, budget.bootstrap)
@@ -381,7 +388,7 @@ def _hardware(base, budget, measured, samples, repeats, rng, log) -> dict:
             scores = {p: score_groups(errors[p], rng, budget.bootstrap) for p in errors}
             pairs[f"{train_kind} -> {test_kind}"] = {
                 "predictors": {p: {"mape": sc["mean_mape"], "ci95": sc["mean_ci95"]} for p, sc in scores.items()},
-                "noise_floor": noise_floor([s.key for s in kinds[test_kind]], repeats),
+                "noise_floor": noise_floor([repeat_key(s) for s in kinds[test_kind]], repeats),
                 "n_test": len(kinds[test_kind])}
             log(f"hardware {train_kind} -> {test_kind}: " + "  ".join(
                 f"{p} {sc['mean_mape']:5.1f}%" for p, sc in scores.items()))

@@ -181,6 +181,18 @@ def test_one_checkpoint_trains_on_two_hardware_kinds_and_knows_each(two_cpus):
 # --- noise floor and splits --------------------------------------------------------------------------
 
 
+def test_repeats_are_kept_apart_by_hardware_kind(two_cpus):
+    """SYNTHETIC: the two CPU kinds measured the same configurations (one 3x slower); a configuration's
+    repeats, and so its noise floor, belong to one kind, never pooled across kinds."""
+    _, samples, repeats = protocol.load(two_cpus)
+    s = samples[0]
+    twin = next(x for x in samples if x.key == s.key and x.hardware_name != s.hardware_name)
+    assert protocol.repeat_key(s) in repeats and protocol.repeat_key(twin) in repeats
+    a, b = repeats[protocol.repeat_key(s)], repeats[protocol.repeat_key(twin)]
+    assert max(a) < min(b) or max(b) < min(a)  # 3x apart: pooled, they would look like noise
+    assert all(isinstance(k, tuple) for k in repeats)
+
+
 def test_noise_floor_closed_form():
     repeats = {"a": [100.0, 110.0], "b": [50.0, 50.0, 50.0], "c": [10.0]}
     sd = np.std([100.0, 110.0], ddof=1)
