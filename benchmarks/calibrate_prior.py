@@ -192,6 +192,12 @@ def _best(fn, repeat: int = 7, min_s: float = 0.002) -> float:
 
 
 def cpu_name() -> str:
+    """This CPU as records name it (``env.cpu_kind``: model name, family and model numbers) where known."""
+    from gnn_ptp.records import _cpu_kind
+
+    kind = _cpu_kind()
+    if kind:
+        return kind
     try:
         out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
         for line in out.splitlines():
@@ -293,7 +299,13 @@ def main() -> None:
     ap.add_argument("--neusight", type=Path, help="a checkout of github.com/sitfor/NeuSight (re-fits h100)")
     ap.add_argument("--cpu", action="store_true", help="measure and re-fit this CPU's curves")
     ap.add_argument("--write", action="store_true", help=f"store the fit in {CALIBRATION_FILE.name}")
+    ap.add_argument("--cpu-section", default="cpu",
+                    help="the section --cpu writes: 'cpu' (the reference CPU, whose curves every other CPU's "
+                         "descriptor scales) or cpu-<descriptor name> for another CPU kind's own curves "
+                         "(its descriptor then uses them: gnn_ptp/descriptor.py)")
     args = ap.parse_args()
+    if args.cpu_section != "cpu" and not args.cpu_section.startswith("cpu-"):
+        ap.error(f"--cpu-section {args.cpu_section}: 'cpu' or cpu-<descriptor name>")
     if not args.neusight and not args.cpu:
         ap.error("give --neusight PATH and/or --cpu")
     table = json.loads(CALIBRATION_FILE.read_text()) if CALIBRATION_FILE.is_file() else {}
@@ -303,10 +315,11 @@ def main() -> None:
         errors.update(e)
         print("h100:", json.dumps({k: table["h100"][k] for k in ("gemm", "memory", "launch_floor_s")}, indent=1))
     if args.cpu:
-        table["cpu"], e = fit_cpu()
+        section = args.cpu_section
+        table[section], e = fit_cpu()
         errors.update(e)
-        print("cpu:", json.dumps({k: table["cpu"][k] for k in ("cpu_model", "gemm", "vector", "memory",
-                                                                "launch_floor_s")}, indent=1))
+        print(f"{section}:", json.dumps({k: table[section][k] for k in ("cpu_model", "gemm", "vector", "memory",
+                                                                        "launch_floor_s")}, indent=1))
     print_table(errors)
     if args.write:
         from gnn_ptp.store import atomic_write_text

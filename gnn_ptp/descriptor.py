@@ -90,16 +90,21 @@ class Descriptor:
         """The physical prior for this hardware: the calibrated curves of its kind (``cpu`` or ``h100``),
         with the calibrated machine's peaks scaled by this descriptor's rates over that machine's
         descriptor (measured the same way), so that on the calibrated machine itself the prior is
-        exactly the calibrated one and elsewhere it moves with the measured ceilings."""
+        exactly the calibrated one and elsewhere it moves with the measured ceilings. A CPU kind whose
+        own kernel curves were measured (``benchmarks/calibrate_prior.py --cpu --cpu-section
+        cpu-<name>``: kernel timings, no training step) uses those instead."""
         from dataclasses import replace
 
         from gnn_ptp import prior
 
         table = prior.calibration()
         curves = self.curves or ("cpu" if self.kind == "cpu" else "h100")
-        if curves not in table or curves not in HARDWARE:
+        if self.kind == "cpu" and f"cpu-{self.name}" in table:  # this CPU kind's own measured kernel curves
+            curves = f"cpu-{self.name}"
+        base = "cpu" if curves.startswith("cpu") else curves
+        if curves not in table or base not in HARDWARE:
             return prior.Profile(self.hardware(), launch_floor_s=self.launch_floor_s)
-        base_hw, ref = HARDWARE[curves], calibrated_descriptor(curves)
+        base_hw, ref = HARDWARE[base], calibrated_descriptor(curves)
         rates = {d: base_hw.flops_per_s.get(d, base_hw.flops_per_s["fp32"]) * self.gemm_flops_per_s[d]
                  / ref.gemm_flops_per_s[d] for d in GEMM_DTYPES}
         hw = Hardware(self.name, self.description, rates,
@@ -145,13 +150,13 @@ def reference_cpu() -> Descriptor:
 
 def calibrated_descriptor(curves: str) -> Descriptor:
     """The descriptor of the machine whose curves ``prior_calibration.json`` holds under ``curves``: the
-    H100's datasheet for "h100"; for "cpu" the stored measurement of the CPU model it names (this project's
-    AMD EPYC), else ``reference_cpu()``."""
-    if curves != "cpu":
+    H100's datasheet for "h100"; for "cpu" (and a CPU kind's own "cpu-<name>") the stored measurement of
+    the CPU it names (for "cpu" this project's first AMD EPYC), else ``reference_cpu()``."""
+    if not curves.startswith("cpu"):
         return GPU_DESCRIPTORS.get(curves, GPU_DESCRIPTORS["h100"])
     from gnn_ptp import prior
 
-    model = prior.calibration().get("cpu", {}).get("cpu_model")
+    model = prior.calibration().get(curves, {}).get("cpu_model")
     found = stored_cpus().get(slug(model)) if model else None
     return found or reference_cpu()
 

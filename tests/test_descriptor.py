@@ -116,6 +116,29 @@ def test_a_synthetic_cpu_at_half_the_rates_takes_twice_as_long_per_kernel():
     torch.testing.assert_close(slow, 2 * home, rtol=1e-9, atol=0)
 
 
+def test_a_cpu_kind_with_its_own_kernel_curves_uses_them(monkeypatch):
+    """SYNTHETIC calibration table: a CPU kind whose own section (cpu-<name>) holds curves measured on it
+    is priced with them at the reference peaks (its descriptor over itself); without the section it
+    scales the reference CPU's curves by its measured rates."""
+    import copy
+
+    x, x_cat = nodes([1e6, 1e9, 1e11], [1e4, 1e6, 1e8])
+    slow = synthetic_cpu(0.5, "synthetic-cpu-kind")
+    scaled = prior.node_seconds(x, x_cat, slow.profile())
+    table = copy.deepcopy(prior.calibration())
+    own = copy.deepcopy(table["cpu"])
+    own["cpu_model"] = "Synthetic CPU Kind"  # slug: synthetic-cpu-kind
+    own["launch_floor_s"] = table["cpu"]["launch_floor_s"] * 3  # its own floor, unlike the scaled one
+    table["cpu-synthetic-cpu-kind"] = own
+    monkeypatch.setattr(prior, "calibration", lambda: table)
+    stored = {"amd-epyc": descriptor.stored_cpus()["amd-epyc"], "synthetic-cpu-kind": slow}
+    monkeypatch.setattr(descriptor, "stored_cpus", lambda folder=None: stored)
+    mine = prior.node_seconds(x, x_cat, slow.profile())
+    reference = prior.node_seconds(x, x_cat, prior.profile_from_dict(prior.HARDWARE["cpu"], own))
+    torch.testing.assert_close(mine, reference, rtol=1e-9, atol=0)
+    assert not torch.allclose(mine, scaled)
+
+
 def test_attach_gives_each_sample_its_hardware_s_features_and_prior():
     from torch_geometric.data import Data
 
