@@ -120,6 +120,9 @@ NOT_IN_CI = {
     "python benchmarks/trace.py": ("benchmark: timings in fresh processes (minutes)", "none"),
     "python benchmarks/ddp_gloo.py": ("benchmark: predicts 52 DDP records (minutes)", "none"),
     "python benchmarks/fsdp_gloo.py": ("benchmark: the FSDP schedule against 52 gloo FSDP2 records", "none"),
+    "python benchmarks/fsdp_gloo.py --data datasets/cpu-amd-epyc-family-26-model-2 --interconnect "
+    "gnn_ptp/interconnects/cpu-gloo-amd-epyc-family-26-model-2.json": (
+        "benchmark: the same on the second CPU kind's 52 configurations, with its own profile", "none"),
     "gnn-ptp calibrate-comm --out gnn_ptp/interconnects/cpu-gloo.json --procs 2,4 --collectives "
     "all_gather,reduce_scatter --fsdp": ("measures gloo collectives and FSDP2 steps for a minute and rewrites "
                                          "the shipped profile; test_fsdp.py calibrates a small range", "parse"),
