@@ -119,6 +119,10 @@ NOT_IN_CI = {
     "python benchmarks/gpu_agreement.py --device cpu --small": ("benchmark: runs real steps (minutes)", "none"),
     "python benchmarks/trace.py": ("benchmark: timings in fresh processes (minutes)", "none"),
     "python benchmarks/ddp_gloo.py": ("benchmark: predicts 52 DDP records (minutes)", "none"),
+    "gnn-ptp evaluate --protocol hardware --data datasets/cpu datasets/cpu-amd-epyc-family-26-model-2 --config "
+    "training/protocol_cpu.toml --seeds 0,1 --json": ("trains 8 GNNs on 399 configurations each (5 minutes); "
+                                                     "tests/test_protocol.py runs the protocol on synthetic kinds",
+                                                     "parse"),
     "python benchmarks/fsdp_gloo.py": ("benchmark: the FSDP schedule against 52 gloo FSDP2 records", "none"),
     "python benchmarks/fsdp_gloo.py --data datasets/cpu-amd-epyc-family-26-model-2 --interconnect "
     "gnn_ptp/interconnects/cpu-gloo-amd-epyc-family-26-model-2.json": (
