@@ -84,10 +84,15 @@ def profiled_ids(data_dir, world_size: int = 1) -> dict[str, list[str]]:
     from gnn_ptp.records import iter_records
 
     out: dict[str, list[str]] = defaultdict(list)
+    present: dict[str, bool] = {}
     for r in iter_records(data_dir, warn=lambda m: None):
         if (r.get("status") == "ok" and r.get("profile") and r.get("id")
                 and (r.get("ddp") or {}).get("world_size", 1) == world_size):
-            out[r["key"]].append(r["id"])
+            file = str((r["profile"] or {}).get("file") or "")
+            if file not in present:  # profiles kept out of the tree (e.g. only in git history) do not count
+                present[file] = bool(file) and (Path(data_dir) / file).is_file()
+            if present[file]:
+                out[r["key"]].append(r["id"])
     return {k: sorted(v) for k, v in out.items()}
 
 
@@ -116,8 +121,9 @@ def load(data_dir, measured: list, log=None) -> dict[str, dict]:
     except Exception:  # a damaged cache is rebuilt, never trusted
         cache = {}
     nodes, matched, failed = cache.get("nodes", {}), cache.get("profiles", {}), cache.get("failed", {})
+    absent = set(cache.get("absent", []))  # ids whose profile their file turned out not to hold
     to_trace = [m for m in wanted if m.key not in nodes and m.key not in failed]
-    to_match = [i for m in wanted if m.key not in failed for i in ids[m.key] if i not in matched]
+    to_match = [i for m in wanted if m.key not in failed for i in ids[m.key] if i not in matched and i not in absent]
     if to_trace or to_match:
         start = time.perf_counter()
         log(f"node labels: tracing {len(to_trace)} configurations, matching {len(to_match)} profiles ...")
@@ -129,14 +135,16 @@ def load(data_dir, measured: list, log=None) -> dict[str, dict]:
             else:
                 nodes[m.key] = result
             if i % 50 == 0 or i == len(to_trace):
-                atomic_torch_save({"nodes": nodes, "profiles": matched, "failed": failed}, path)
+                atomic_torch_save({"nodes": nodes, "profiles": matched, "failed": failed,
+                                   "absent": sorted(absent)}, path)
                 log(f"  {i}/{len(to_trace)} traced ({time.perf_counter() - start:.0f} s)")
         found = profiles.read_profiles(data_dir) if to_match else {}
+        absent |= {i for i in to_match if i not in found}
         for m in wanted:
             for i in ids[m.key]:
                 if i not in matched and i in found and m.key in nodes:
                     matched[i] = profile_shares(nodes[m.key], found[i])
-        atomic_torch_save({"nodes": nodes, "profiles": matched, "failed": failed}, path)
+        atomic_torch_save({"nodes": nodes, "profiles": matched, "failed": failed, "absent": sorted(absent)}, path)
         log(f"node labels ready ({time.perf_counter() - start:.0f} s)")
     return {m.key: combine([matched[i] for i in ids[m.key] if i in matched])
             for m in wanted if any(i in matched for i in ids[m.key])}
