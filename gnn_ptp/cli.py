@@ -564,6 +564,9 @@ def add_predict_parser(sub) -> None:
                         "ZeRO-3), fsdp-no-reshard (ZeRO-2-like) or auto (the fastest that fits in memory)")
     p.add_argument("--hardware", default="h100", help="which shipped checkpoint: h100 (default), cpu, ...")
     p.add_argument("--checkpoint", help="checkpoint folder (overrides --hardware)")
+    p.add_argument("--cpu-kind", help="with --hardware cpu and a checkpoint trained with hardware descriptors: "
+                                      "the CPU to predict for, by its stored descriptor "
+                                      "(gnn_ptp/hardware_descriptors/<name>.json), or 'this' for this machine's")
     p.add_argument("--steps", type=_positive_int, help="steps in the job: prints the job's time")
     p.add_argument("--epochs", type=_positive_float, help="epochs in the job (needs --dataset-size)")
     p.add_argument("--dataset-size", type=_positive_int, help="samples per epoch")
@@ -593,7 +596,8 @@ def run_predict(args) -> int:
                          parallel=args.parallel, hardware=args.hardware,
                          checkpoint=args.checkpoint, optimizer=args.optimizer, overrides=args.overrides,
                          task=args.task, steps=args.steps, epochs=args.epochs, dataset_size=args.dataset_size,
-                         gpu_hour_cost=args.gpu_hour_cost, use_disk_cache=not args.no_cache)
+                         gpu_hour_cost=args.gpu_hour_cost, use_disk_cache=not args.no_cache,
+                         cpu_kind=args.cpu_kind)
     if args.json:
         rows = [p.to_dict() for p in preds]
         if args.precision == "all":

@@ -442,8 +442,12 @@ def predict_many(spec: str, precisions: list[str], batch_size: int, seq_len: int
                  dataset_size: int | None = None, gpu_hour_cost: float | None = None,
                  use_disk_cache: bool = True, nodes: int | None = None, interconnect: str | None = None,
                  bucket_cap_mb: float = 25.0, grad_accum: int = 1,
-                 grad_compression: str = "none", parallel: str = "ddp") -> list[Prediction]:
+                 grad_compression: str = "none", parallel: str = "ddp",
+                 cpu_kind: str | None = None) -> list[Prediction]:
     """One ``Prediction`` per precision class, all from one checkpoint and one model spec.
+
+    ``cpu_kind`` (a checkpoint trained with hardware descriptors, on a CPU): predict for that CPU, named
+    by its stored descriptor or "this", instead of the checkpoint's training hardware.
 
     ``gpus``/``nodes``/``interconnect``/``bucket_cap_mb``/``grad_accum``/``grad_compression`` describe
     data-parallel training; ``parallel`` is ddp, fsdp, fsdp-no-reshard or auto (gnn_ptp/fsdp.py);
@@ -459,6 +463,9 @@ def predict_many(spec: str, precisions: list[str], batch_size: int, seq_len: int
     ckpt_path, model, meta = _model_for(hardware, checkpoint)
     analytic = meta.get("source") == "analytic-prior"
     hw_name = meta["hardware"]
+    kind_note = None
+    if cpu_kind is not None:
+        model, kind_note = _for_cpu_kind(model, meta, ckpt_path, cpu_kind)
     profile = _interconnect(hw_name, dp) if gpus > 1 else None
     n_nodes = profile.nodes_for(gpus, nodes) if profile is not None else (nodes or 1)
     if gpus > 1 and profile is None:
@@ -506,7 +513,7 @@ def predict_many(spec: str, precisions: list[str], batch_size: int, seq_len: int
         fwd, bwd, opt = out["log_phase_ms"][i].exp().tolist()
         one_gpu = grad_accum * (fwd + bwd) + opt
         compute = one_gpu * slowdown
-        notes = ([untrained[p]] if p in untrained else []) + (
+        notes = ([kind_note] if kind_note else []) + ([untrained[p]] if p in untrained else []) + (
             [] if analytic else _ood_warnings(tensors["u"], tensors, meta))
         if left_out_note:
             notes.insert(0, left_out_note)
@@ -592,6 +599,34 @@ def predict_many(spec: str, precisions: list[str], batch_size: int, seq_len: int
                 pred.cost = pred.gpu_hours * gpu_hour_cost
         results.append(pred)
     return results
+
+
+def _for_cpu_kind(model, meta: dict, ckpt_path, cpu_kind: str):
+    """(a copy of ``model`` that predicts for ``cpu_kind``'s descriptor, the note saying so)."""
+    import copy
+
+    from gnn_ptp import descriptor
+
+    if meta.get("hardware") != "cpu":
+        raise UserError(f"--cpu-kind {cpu_kind}: only with a CPU checkpoint (--hardware cpu); this one is for "
+                        f"{meta.get('hardware')}")
+    cfg = getattr(model, "cfg", None)
+    if cfg is None or not cfg.needs_hardware:
+        raise UserError(f"--cpu-kind {cpu_kind}: checkpoint {ckpt_path} was trained without hardware descriptors "
+                        "and knows only the CPU it was trained on; train one with [model] hardware_descriptor = "
+                        "true or target = \"log_ratio_prior\" (gnn-ptp train --data FOLDER [FOLDER ...])")
+    stored = descriptor.stored_cpus()
+    name = descriptor.slug(descriptor.cpu_model()) if cpu_kind == "this" else cpu_kind
+    if name not in stored:
+        hint = (" (this machine's: measure it with python -m gnn_ptp.descriptor --measure --write)"
+                if cpu_kind == "this" else "")
+        raise UserError(f"--cpu-kind {cpu_kind}: no stored descriptor {name!r}{hint}; known: "
+                        f"{', '.join(sorted(stored)) or 'none'}, or 'this'")
+    chosen = copy.copy(model)  # the cached model keeps its own descriptor
+    chosen.descriptor = stored[name]
+    trained_on = model.descriptor.name if model.descriptor is not None else "?"
+    return chosen, (f"predicted for CPU kind {name} from its measured ceilings (the checkpoint was trained on "
+                    f"{trained_on})")
 
 
 def _model_for(hardware: str, checkpoint: str | Path | None):

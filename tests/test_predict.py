@@ -502,3 +502,37 @@ def test_max_batch_size_times_from_the_analytic_prior_without_a_checkpoint(capsy
     assert cli.main(["predict", *tiny]) == 0
     (fit,) = json.loads(capsys.readouterr().out)["fits"]
     assert fit["prediction"]["source"] == "analytic-prior" and fit["throughput_per_s"] > 0
+
+
+def test_cpu_kind_predicts_for_another_cpu_from_its_descriptor(tmp_path, monkeypatch, ckpt):
+    """--cpu-kind: a tiny checkpoint trained with hardware descriptors on the SYNTHETIC dataset predicts
+    for a SYNTHETIC CPU kind with a quarter of the home CPU's rates: every phase 4x the home kind's (its
+    prior is 4x and the learned residual is the same); a checkpoint without descriptors, an unknown kind
+    or a GPU checkpoint get one clear error."""
+    from gnn_ptp import descriptor
+
+    from test_descriptor import synthetic_cpu
+
+    folder = tmp_path / "descriptors"
+    folder.mkdir()
+    shutil.copy(descriptor.DESCRIPTOR_DIR / "amd-epyc.json", folder / "amd-epyc.json")
+    descriptor.write(synthetic_cpu(0.25, "synthetic-quarter-cpu"), folder)
+    monkeypatch.setattr(descriptor, "DESCRIPTOR_DIR", folder)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(dataset, "load_graphs", load_synthetic_graphs)
+        data = write_synthetic_dataset(tmp_path / "synthetic-cpu")
+        cfg = TrainConfig(model=ModelConfig(hidden=16, depth=1, target="log_ratio_prior", hardware_descriptor=True),
+                          epochs=2, threads=1)
+        train(cfg, data, tmp_path / "cpu", log=lambda m: None)
+    args = dict(batch_size=8, hardware="cpu", checkpoint=tmp_path / "cpu", precision="fp32")
+    home = predict(SPEC, cpu_kind="amd-epyc", **args)
+    slow = predict(SPEC, cpu_kind="synthetic-quarter-cpu", **args)
+    for k in PHASE_KEYS:
+        assert getattr(slow, k) == pytest.approx(4 * getattr(home, k), rel=0.02)
+    assert any("CPU kind synthetic-quarter-cpu" in w for w in slow.warnings)
+    assert predict(SPEC, **args).iteration_ms == pytest.approx(predict(SPEC, **args).iteration_ms)  # cache intact
+    with pytest.raises(UserError, match="no stored descriptor 'nowhere-cpu'.*amd-epyc.*synthetic-quarter-cpu"):
+        predict(SPEC, cpu_kind="nowhere-cpu", **args)
+    with pytest.raises(UserError, match="trained without hardware descriptors"):
+        predict(SPEC, batch_size=8, hardware="cpu", checkpoint=ckpt, precision="fp32", cpu_kind="amd-epyc")
+    assert cli.main(["predict", SPEC, "--batch-size", "8", "--checkpoint", str(ckpt), "--cpu-kind", "amd-epyc"]) == 2
