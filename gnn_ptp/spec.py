@@ -379,8 +379,12 @@ def build_hf(spec: ModelSpec, shape: Shape) -> Workload:
         return Workload(model, (), kwargs, {}, _hf_loss, family, "vision", Shape(b, None, size))
     seq = shape.seq_len or DEFAULT_SEQ_LEN
     limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
-    if limit and seq > limit:
-        raise UserError(f"--seq-len {seq} is longer than hf:{config.model_type}'s "
+    # RoBERTa-style embeddings number positions from pad_token_id + 1: seq_len + pad + 1 rows are needed
+    # (on a GPU a longer sequence is a device-side assert that kills the process, not an exception).
+    offset = _position_offset(model, config)
+    if limit and seq + offset > limit:
+        need = f"{seq} + {offset} (positions start after pad_token_id)" if offset else f"{seq}"
+        raise UserError(f"--seq-len {seq} needs {need} position embeddings, more than hf:{config.model_type}'s "
                         f"max_position_embeddings ({limit}); lower it or --set max_position_embeddings=...")
     vocab = config.vocab_size
     ids = torch.randint(0, vocab, (b, seq))
@@ -389,6 +393,18 @@ def build_hf(spec: ModelSpec, shape: Shape) -> Workload:
     else:
         kwargs = {"input_ids": ids, "labels": torch.randint(0, config.num_labels, (b,))}
     return Workload(model, (), kwargs, {}, _hf_loss, family, "text", Shape(b, seq, None))
+
+
+def _position_offset(model, config) -> int:
+    """Rows of the position table before the first position: pad_token_id + 1 where the embeddings number
+    positions after the padding index (RoBERTa, XLM-R, CamemBERT...), else 0."""
+    pad = getattr(config, "pad_token_id", None)
+    if pad is None:
+        return 0
+    for module in model.modules():
+        if hasattr(module, "create_position_ids_from_input_ids") and hasattr(module, "position_embeddings"):
+            return int(pad) + 1
+    return 0
 
 
 def _hf_loss(output) -> torch.Tensor:
