@@ -96,13 +96,19 @@ def profiled_ids(data_dir, world_size: int = 1) -> dict[str, list[str]]:
     return {k: sorted(v) for k, v in out.items()}
 
 
-def _cache_path(data_dir: Path) -> Path:
+def _cache_path(data_dir: Path, cuda: bool = False) -> Path:
+    """The folder's node-label cache; for a folder of CUDA records (``cuda``) its name also holds
+    ``cuda_dispatch.DISPATCH_VERSION``, whose kernel choices its traced nodes follow."""
     import transformers
 
     from gnn_ptp.graph import FEATURE_VERSION
 
-    return (Path(data_dir) / ".cache" /
-            f"node-labels-f{FEATURE_VERSION}-torch{torch.__version__.split('+')[0]}-tf{transformers.__version__}.pt")
+    versions = f"f{FEATURE_VERSION}-torch{torch.__version__.split('+')[0]}-tf{transformers.__version__}"
+    if cuda:
+        from gnn_ptp.cuda_dispatch import DISPATCH_VERSION
+
+        versions += f"-d{DISPATCH_VERSION}"
+    return Path(data_dir) / ".cache" / f"node-labels-{versions}.pt"
 
 
 def load(data_dir, measured: list, log=None) -> dict[str, dict]:
@@ -115,7 +121,7 @@ def load(data_dir, measured: list, log=None) -> dict[str, dict]:
     log = log or (lambda msg: print(msg, file=sys.stderr))
     ids = profiled_ids(data_dir)
     wanted = [m for m in measured if m.key in ids]
-    path = _cache_path(Path(data_dir))
+    path = _cache_path(Path(data_dir), cuda=any(dataset.trace_target(m.hardware) == "cuda" for m in wanted))
     try:
         cache = torch.load(path, weights_only=True) if path.is_file() else {}
     except Exception:  # a damaged cache is rebuilt, never trusted

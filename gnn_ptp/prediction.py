@@ -162,6 +162,10 @@ def _graph_key(config: StepConfig) -> str:
                "feature_version": graph_mod.FEATURE_VERSION, "memory_version": MEMORY_VERSION,
                "torch": torch.__version__,
                "transformers": transformers.__version__}
+    if config.target == "cuda":  # only CUDA graphs follow cuda_dispatch's kernel choices: CPU keys stay as they were
+        from gnn_ptp.cuda_dispatch import DISPATCH_VERSION
+
+        payload["dispatch_version"] = DISPATCH_VERSION
     return hashlib.sha1(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
 

@@ -2,9 +2,9 @@
 collector on a GPU.
 
 NOTE: written on a machine without a GPU, so never run yet. The comparison reports every difference
-in its failure message; expect the first run on an H100 to tell us things (e.g. which SDPA kernel the
-GPU really picks: torch 2.14's sdp_utils.cpp prefers cuDNN attention on sm90 with cuDNN > 9.15, where
-the emulation records flash attention).
+in its failure message; expect the first run on an H100 to tell us things (the SDPA kernel was one: the
+H200 run of 2026-11-24 showed torch 2.11 running cuDNN attention on sm90, which the emulation now records,
+see cuda_dispatch).
 """
 
 from __future__ import annotations

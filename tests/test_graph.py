@@ -23,8 +23,8 @@ def log2p(x: float) -> float:
     return math.log2(1 + x)
 
 
-def trace(factory: str, shape: Shape, precision: str = "fp32", **overrides):
-    return trace_step(StepConfig(py_spec(factory, **overrides), shape, precision))
+def trace(factory: str, shape: Shape, precision: str = "fp32", kernels: str | None = None, **overrides):
+    return trace_step(StepConfig(py_spec(factory, **overrides), shape, precision, kernels=kernels))
 
 
 def kept(traced):
@@ -84,11 +84,14 @@ def test_conv_transpose_flops(groups):
     assert sorted(c.flops for c in costs(traced, "conv", "backward")) == sorted([2 * convt, conv1])
 
 
-@pytest.mark.parametrize("precision, kernel", [("amp-bf16", "flash_attention"), ("fp32", "efficient_attention")])
+@pytest.mark.parametrize("precision, kernel, kernels", [("amp-bf16", "flash_attention", "2.10.0"),
+                                                      ("amp-bf16", "cudnn_attention", "2.11.0"),
+                                                      ("fp32", "efficient_attention", None)])
 @pytest.mark.parametrize("causal", [False, True])
-def test_attention_flops(precision, kernel, causal):
+def test_attention_flops(precision, kernel, kernels, causal):
+    """Every attention kernel costs the same work: cuDNN attention (torch >= 2.11 on sm90) as flash."""
     b, h, s, d = 2, 2, 64, 32
-    traced = trace("attention", Shape(b, s), precision, heads=h, head_dim=d, causal=causal)
+    traced = trace("attention", Shape(b, s), precision, kernels, heads=h, head_dim=d, causal=causal)
     (fwd,) = costs(traced, "attention", "forward")
     (bwd,) = costs(traced, "attention", "backward")
     assert (fwd.op, bwd.op) == (kernel, kernel + "_backward")
@@ -289,6 +292,10 @@ def test_canonical_names():
     assert ops.canonical(aten.native_batch_norm.default) == "batch_norm"
     assert ops.canonical(aten.cudnn_batch_norm.default) == "batch_norm"
     assert ops.canonical(aten._scaled_dot_product_flash_attention.default) == "flash_attention"
+    assert ops.canonical(aten._scaled_dot_product_cudnn_attention.default) == "cudnn_attention"
+    assert ops.canonical(aten._scaled_dot_product_cudnn_attention_backward.default) == "cudnn_attention_backward"
+    for op in ("cudnn_attention", "cudnn_attention_backward"):  # in the vocabulary from the start: no id moves
+        assert ops.category(op) == "attention" and op in ops.OP_ID
     assert ops.canonical(aten._fused_rms_norm.default) == "rms_norm"
     assert ops.canonical(aten._foreach_add_.Scalar) == "_foreach_add"
     import operator

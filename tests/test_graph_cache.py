@@ -59,3 +59,40 @@ def test_predict_reads_what_a_dataset_traced(tmp_path, monkeypatch):
     config = dataset.step_config_of({**MLP, "precision": "fp32"}, "cpu")
     (tensors, info), = prediction._graphs([config])
     assert tensors["x"].shape[0] > 0 and json.dumps(info)
+
+
+def test_kernel_choices_version_keys_cuda_caches_only(tmp_path, monkeypatch):
+    """A change in cuda_dispatch's kernel choices (DISPATCH_VERSION) rebuilds every CUDA-target graph cache
+    (the dataset folder's, predict's per-graph one, the node labels') and leaves CPU-target caches and
+    FEATURE_VERSION, hence the shipped CPU checkpoint, as they were."""
+    import dataclasses
+    import hashlib
+    from pathlib import Path
+
+    import torch
+    import transformers
+
+    from gnn_ptp import checkpoint, cuda_dispatch, graph, node_labels
+
+    cpu = dataset.step_config_of({**MLP, "precision": "fp32"}, "cpu")
+    cuda = dataset.step_config_of({**MLP, "precision": "fp32"}, "cuda", kernels="2.11.0+cu130")
+    keys = {c.target: prediction._graph_key(c) for c in (cpu, cuda)}
+    paths = {t: dataset._cache_path(tmp_path, t, True).name for t in ("cpu", "cuda")}
+    labels = {t: node_labels._cache_path(tmp_path, cuda=t == "cuda").name for t in ("cpu", "cuda")}
+    # the CPU key is the payload it always was (no dispatch version in it)
+    payload = {"spec": cpu.spec.to_dict(), "shape": dataclasses.asdict(cpu.shape),
+               "precision": "fp32", "optimizer": "adamw", "target": "cpu", "kernels": None,
+               "feature_version": graph.FEATURE_VERSION, "memory_version": prediction.MEMORY_VERSION,
+               "torch": torch.__version__, "transformers": transformers.__version__}
+    assert keys["cpu"] == hashlib.sha1(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:20]
+    assert f"-d{cuda_dispatch.DISPATCH_VERSION}" in paths["cuda"] and "-d" not in paths["cpu"].split("-tf")[1]
+    assert f"-d{cuda_dispatch.DISPATCH_VERSION}" in labels["cuda"] and labels["cpu"].endswith(
+        f"-tf{transformers.__version__}.pt")
+    monkeypatch.setattr(cuda_dispatch, "DISPATCH_VERSION", "test")
+    assert prediction._graph_key(cpu) == keys["cpu"] and prediction._graph_key(cuda) != keys["cuda"]
+    assert dataset._cache_path(tmp_path, "cpu", True).name == paths["cpu"]
+    assert dataset._cache_path(tmp_path, "cuda", True).name != paths["cuda"]
+    assert node_labels._cache_path(tmp_path).name == labels["cpu"]
+    assert node_labels._cache_path(tmp_path, cuda=True).name != labels["cuda"]
+    model, meta = checkpoint.load(Path(__file__).resolve().parent.parent / "checkpoints" / "cpu")
+    assert meta["feature_version"] == graph.FEATURE_VERSION == "4"

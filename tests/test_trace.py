@@ -220,19 +220,79 @@ def test_optimizer_kernels_and_host_step_counters(optimizer, expected):
 # --- kernel choices: attention, dropout -----------------------------------------------------------
 
 
-@pytest.mark.parametrize("precision, kernel", [
-    ("amp-bf16", "flash_attention"), ("amp-fp16", "flash_attention"), ("bf16", "flash_attention"),
-    ("fp32", "efficient_attention"), ("tf32", "efficient_attention"),
-])
-def test_sdpa_kernel(precision, kernel):
-    models = (RANDOM_TRANSFORMER, GPT2) + ((LLAMA,) if kernel == "flash_attention" else ())
-    for model in models:
-        traced = step(model, TEXT, precision)
-        counts = canonical_ops(traced)
-        assert counts[kernel] == 1 and counts[kernel + "_backward"] == 1, (model[0], dict(counts))
-        other = {"flash_attention", "efficient_attention"} - {kernel}
-        assert not any(counts[o] for o in other)
-        assert not counts["bmm"]  # no math-path attention
+ATTENTION_KERNELS = {"cudnn_attention", "flash_attention", "efficient_attention"}
+V210, V211 = "2.10.0", "2.11.0+cu130"  # before cuDNN attention came first on sm90; the H200 harvest's torch
+
+
+def attention_ops(model, precision, kernels, shape=TEXT, **kw) -> Counter:
+    return canonical_ops(trace_step(StepConfig(spec_of(model), shape, precision, kernels=kernels, **kw)))
+
+
+def _only(counts: Counter, kernel: str, n: int = 1):
+    """``kernel`` and its backward ``n`` times each, no other attention kernel and no math-path bmm."""
+    assert counts[kernel] == n and counts[kernel + "_backward"] == n, dict(counts)
+    assert not any(counts[o] for o in ATTENTION_KERNELS - {kernel}), dict(counts)
+    assert not counts["bmm"]
+
+
+@pytest.mark.parametrize("precision", ["amp-bf16", "amp-fp16", "bf16"])
+@pytest.mark.parametrize("model", [RANDOM_TRANSFORMER, GPT2, BERT, LLAMA], ids=["random", "gpt2", "bert", "llama"])
+def test_half_precision_attention_is_cudnn_from_2_11_and_flash_before(model, precision):
+    """What the H200 ran with torch 2.11 (every fp16/bf16 SDPA: cuDNN, dropout 0.1 included, GQA included),
+    and what torch 2.10 ran (flash)."""
+    _only(attention_ops(model, precision, V211), "cudnn_attention")
+    _only(attention_ops(model, precision, V210), "flash_attention")
+
+
+@pytest.mark.parametrize("precision", ["fp32", "tf32"])
+@pytest.mark.parametrize("kernels", [V210, V211, None])
+def test_float32_attention_is_memory_efficient(precision, kernels):
+    for model in (RANDOM_TRANSFORMER, GPT2, BERT):
+        _only(attention_ops(model, precision, kernels), "efficient_attention")
+
+
+def test_installed_torch_attention_follows_its_own_version():
+    """The installed torch (2.13 in CI, 2.14 in the main environment; both >= 2.12): cuDNN attention first,
+    but a dropout of 0.1 is no multiple of 1/16, so GPT-2 (attn_pdrop 0.1) runs flash, Llama (no attention
+    dropout) cuDNN."""
+    if not cuda_dispatch.kernel_choices().cudnn_dropout_sixteenths:
+        pytest.skip(f"torch {torch.__version__} predates the 1/16 dropout rule (2.12)")
+    _only(canonical_ops(step(GPT2, TEXT, "amp-bf16")), "flash_attention")
+    _only(canonical_ops(step(GPT2, TEXT, "amp-bf16", extra=("attn_pdrop=0.125",))), "cudnn_attention")
+    _only(canonical_ops(step(LLAMA, TEXT, "amp-bf16")), "cudnn_attention")
+
+
+def test_gpt2_amp_bf16_step_records_cudnn_attention_forward_and_backward():
+    traced = trace_step(StepConfig(spec_of(GPT2), TEXT, "amp-bf16", kernels=V211))
+    (fwd,) = nodes_named(traced, "cudnn_attention")
+    (bwd,) = nodes_named(traced, "cudnn_attention_backward")
+    assert fwd.target is torch.ops.aten._scaled_dot_product_cudnn_attention.default
+    assert bwd.target is torch.ops.aten._scaled_dot_product_cudnn_attention_backward.default
+    assert (fwd.meta["phase"], bwd.meta["phase"]) == ("forward", "backward")
+    args = fwd.meta["in"][0]
+    q, k, v, bias, lse_wanted, dropout_p, is_causal = args[:7]
+    assert tuple(q.shape) == (2, 2, 16, 32) and q.dtype == torch.bfloat16
+    assert bias is None and lse_wanted is True and dropout_p == pytest.approx(0.1) and is_causal is True
+    out, lse = fwd.meta["val"][0], fwd.meta["val"][1]
+    assert tuple(out.shape) == (2, 2, 16, 32) and out.dtype == torch.bfloat16
+    assert tuple(lse.shape) == (2, 2, 16, 1) and lse.dtype == torch.float32
+    grads = bwd.meta["val"]
+    assert [tuple(g.shape) for g in grads] == [(2, 2, 16, 32)] * 3
+    assert all(g.dtype == torch.bfloat16 for g in grads)
+    assert bwd.meta["in"][0][14] is True  # is_causal, where ops._attention_flops reads it
+    cost = ops.op_cost(fwd, get_precision("amp-bf16"))
+    assert (cost.category, cost.dtype, cost.tensor_core) == ("attention", "bf16", True)
+    assert cost.flops == 4 * 2 * 2 * 16 * 16 * 32 / 2  # causal: half of QK^T and PV
+
+
+def test_cudnn_attention_takes_gqa_heads_as_they_are():
+    traced = trace_step(StepConfig(spec_of(LLAMA), TEXT, "amp-bf16", kernels=V211))
+    (fwd,) = nodes_named(traced, "cudnn_attention")
+    (bwd,) = nodes_named(traced, "cudnn_attention_backward")
+    q, k = fwd.meta["in"][0][:2]
+    assert tuple(q.shape) == (2, 4, 16, 16) and tuple(k.shape) == (2, 2, 16, 16)  # no repeat_interleave
+    assert [tuple(g.shape) for g in bwd.meta["val"]] == [(2, 4, 16, 16), (2, 2, 16, 16), (2, 2, 16, 16)]
+    assert not canonical_ops(traced)["repeat_interleave"]
 
 
 def test_gqa_float32_attention_kernel_follows_installed_torch():
@@ -249,42 +309,132 @@ def test_efficient_attention_gqa_probe_matches_torch_version():
 
 
 def test_flash_attention_causal_flag():
-    traced = step(RANDOM_TRANSFORMER, TEXT, "amp-bf16")
+    traced = step(RANDOM_TRANSFORMER, TEXT, "amp-bf16")  # dropout 0.1: flash with torch >= 2.12
     (fa,) = nodes_named(traced, "flash_attention")
     assert fa.meta["in"][0][4] is True  # is_causal
     q = fa.meta["in"][0][0]
     assert q.dtype == torch.bfloat16 and tuple(q.shape) == (2, 2, 16, 32)
 
 
-def _meta(*shape, dtype=torch.bfloat16):
-    return torch.empty(*shape, dtype=dtype, device="meta")
+def _meta(*shape, dtype=torch.bfloat16, grad=False):
+    return torch.empty(*shape, dtype=dtype, device="meta", requires_grad=grad)
 
 
-def test_attention_backend_rules():
-    backend = cuda_dispatch.attention_backend
+C210, C211, C214 = (cuda_dispatch.choices_of(v) for v in ("2.10.0", "2.11.0", "2.14.1"))
+
+
+def _backend(q, k=None, v=None, mask=None, gqa=False, p=0.0, causal=False, grad=True, choices=C211):
+    k = q if k is None else k
+    return cuda_dispatch.attention_backend(q, k, q if v is None else v, mask, gqa, p, causal, grad, choices)
+
+
+def test_kernel_choices_by_torch_version():
+    assert (C210.cudnn_first, C211.cudnn_first, C214.cudnn_first) == (False, True, True)
+    assert (C211.cudnn_dropout_sixteenths, cuda_dispatch.choices_of("2.12.0").cudnn_dropout_sixteenths) == (False, True)
+    assert (C211.cudnn_head_dim_256, cuda_dispatch.choices_of("2.13.0").cudnn_head_dim_256, C214.cudnn_head_dim_256) \
+        == (False, False, True)
+    assert (C211.efficient_gqa, C214.efficient_gqa) == (False, True)
+    installed = cuda_dispatch.kernel_choices()
+    assert installed.cudnn_first == (tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 11))
+
+
+def test_attention_rules_priority_and_dtypes():
     q = _meta(2, 8, 128, 64)
-    assert backend(q, q, q, None, False) == "flash"
-    assert backend(q, q, q, _meta(2, 1, 128, 128), False) == "efficient"  # arbitrary mask
-    big = _meta(2, 8, 128, 512)
-    assert backend(big, big, big, None, False) == "efficient"  # head_dim > 256
+    assert [_backend(q, choices=c) for c in (C210, C211, C214)] == ["flash", "cudnn", "cudnn"]
+    assert _backend(_meta(2, 8, 128, 64, dtype=torch.float16)) == "cudnn"
     f = _meta(2, 8, 128, 64, dtype=torch.float32)
-    assert backend(f, f, f, None, False) == "efficient"
+    assert [_backend(f, choices=c) for c in (C210, C211, C214)] == ["efficient"] * 3  # cuDNN and flash: half only
     odd = _meta(2, 8, 128, 6, dtype=torch.float32)
-    assert backend(odd, odd, odd, None, False) == "math"  # unaligned head dim
-    kv = _meta(2, 2, 128, 64)
-    assert backend(q, kv, kv, None, True) == "flash"  # GQA: flash handles it
-    kv32 = _meta(2, 2, 128, 64, dtype=torch.float32)
-    gqa_kernel = "efficient" if cuda_dispatch.efficient_attention_supports_gqa() else "math"
-    assert backend(f, kv32, kv32, None, True) == gqa_kernel  # efficient attention takes GQA from 2.14
-    assert backend(q, _meta(2, 8, 128, 64, dtype=torch.float16), q, None, False) == "math"  # mixed dtypes
+    assert _backend(odd) == "math"  # unaligned head dim
+    assert _backend(q, _meta(2, 8, 128, 64, dtype=torch.float16)) == "math"  # mixed dtypes
+    assert _backend(_meta(8, 128, 64)) == "math"  # 3-d: no fused kernel
 
 
-def test_masked_attention_picks_efficient():
-    traced = trace_step(StepConfig(py_spec("masked_attention"), Shape(2, 32), "amp-bf16"))
-    counts = canonical_ops(traced)
+def test_attention_rules_dropout():
+    q = _meta(2, 8, 128, 64)
+    assert _backend(q, p=0.1, choices=C211) == "cudnn"  # BERT/GPT-2 on the H200 with torch 2.11
+    assert _backend(q, p=0.1, choices=C214) == "flash"  # 0.1 * 16 is no integer (torch >= 2.12)
+    assert _backend(q, p=0.125, choices=C214) == "cudnn"
+    assert _backend(q, p=0.0625, choices=C214) == "cudnn"
+    one = _meta(2, 8, 1, 64)
+    assert _backend(one, q, q, p=0.0625, choices=C214) == "flash"  # query length 1 with dropout
+    assert _backend(one, q, q, choices=C214) == "cudnn"
+    assert _backend(q, one, one, choices=C214) == "flash"  # key length 1: never cuDNN
+
+
+def test_attention_rules_grouped_query():
+    q, kv = _meta(2, 8, 128, 64), _meta(2, 2, 128, 64)
+    assert [_backend(q, kv, kv, gqa=True, choices=c) for c in (C210, C211, C214)] == ["flash", "cudnn", "cudnn"]
+    mqa = _meta(2, 1, 128, 64)
+    assert _backend(q, mqa, mqa) == "cudnn"  # one key/value head broadcasts without enable_gqa
+    f, fkv = _meta(2, 8, 128, 64, dtype=torch.float32), _meta(2, 2, 128, 64, dtype=torch.float32)
+    assert _backend(f, fkv, fkv, gqa=True, choices=C211) == "math"  # the H200: fp32 Llama/Mistral/Qwen2
+    assert _backend(f, fkv, fkv, gqa=True, choices=C214) == "efficient"
+
+
+@pytest.mark.parametrize("d, v_dim, grad, c211, c214", [
+    (128, 128, True, "cudnn", "cudnn"),
+    (32, 32, True, "cudnn", "cudnn"),
+    (40, 40, True, "cudnn", "cudnn"),
+    (36, 36, True, "flash", "flash"),  # cuDNN wants multiples of 8
+    (160, 160, False, "flash", "cudnn"),  # 2.14: forward up to 256
+    (160, 160, True, "flash", "flash"),  # ... but its backward not for 160
+    (256, 256, True, "flash", "cudnn"),
+    (192, 128, True, "cudnn", "cudnn"),  # the DeepSeek shape; flash wants one head dim
+    (512, 512, True, "efficient", "efficient"),
+])
+def test_attention_rules_head_dims(d, v_dim, grad, c211, c214):
+    q, v = _meta(2, 4, 128, d), _meta(2, 4, 128, v_dim)
+    assert _backend(q, q, v, grad=grad, choices=C211) == c211
+    assert _backend(q, q, v, grad=grad, choices=C214) == c214
+
+
+def test_attention_rules_masks():
+    q = _meta(2, 8, 128, 64)
+    mask = _meta(2, 1, 128, 128)
+    assert [_backend(q, mask=mask, choices=c) for c in (C210, C211, C214)] == ["efficient", "cudnn", "cudnn"]
+    assert _backend(q, mask=_meta(128, 128)) == "cudnn"  # 2-d broadcasts
+    assert _backend(q, mask=_meta(2, 8, 1, 128)) == "cudnn"  # padding-style [B, H, 1, S]
+    assert _backend(q, mask=_meta(2, 128, 128)) == "efficient"  # 3-d: cuDNN refuses the shape
+    assert _backend(q, mask=_meta(2, 8, 128, 128, dtype=torch.bool)) == "cudnn"
+    assert _backend(q, mask=_meta(1, 8, 128, 128, grad=True)) == "efficient"  # a learned bias: no cuDNN
+    # T5's position bias as transformers 5.17 passes it: [1, H, L, S] permuted from [L, S, H]
+    permuted = _meta(128, 128, 8).permute(2, 0, 1).unsqueeze(0)
+    assert permuted.stride(-1) == 8
+    for c in (C210, C211, C214):
+        assert _backend(q, mask=permuted, choices=c) == "math"
+        assert _backend(_meta(2, 8, 128, 64, dtype=torch.float32), mask=permuted, choices=c) == "math"
+
+
+def test_attention_rules_causal_non_square():
+    q, kv = _meta(2, 8, 64, 64), _meta(2, 8, 128, 64)
+    assert _backend(q, kv, kv, causal=True, choices=C210) == "efficient"  # flash: causal only when L == S
+    assert _backend(q, kv, kv, causal=True, choices=C211) == "cudnn"
+    assert _backend(q, kv, kv, causal=False, choices=C210) == "flash"
+
+
+def test_masked_attention_kernel_and_mask_per_version():
+    spec = py_spec("masked_attention")
+    old = trace_step(StepConfig(spec, Shape(2, 32), "amp-bf16", kernels=V210))
+    counts = canonical_ops(old)
     assert counts["efficient_attention"] == 1 and not counts["flash_attention"]
-    (ea,) = nodes_named(traced, "efficient_attention")
+    (ea,) = nodes_named(old, "efficient_attention")
     assert ea.meta["in"][0][3].shape == (2, 2, 32, 32)  # mask expanded to [B, H, S, S]
+    new = trace_step(StepConfig(spec, Shape(2, 32), "amp-bf16", kernels=V211))
+    _only(canonical_ops(new), "cudnn_attention")
+    (ca,) = nodes_named(new, "cudnn_attention")
+    assert ca.meta["in"][0][3].shape == (2, 1, 32, 32)  # cuDNN takes the mask as given
+    (cb,) = nodes_named(new, "cudnn_attention_backward")
+    assert cb.meta["in"][0][8].shape == (2, 1, 32, 32)  # and its backward the same (no gradient for it)
+
+
+def test_cpu_target_ignores_cuda_kernel_choices():
+    """A CPU target records the CPU's own attention whatever torch version a record names."""
+    a = step(GPT2, TEXT, "amp-bf16", target="cpu")
+    b = trace_step(StepConfig(spec_of(GPT2), TEXT, "amp-bf16", target="cpu", kernels=V211))
+    assert canonical_ops(a) == canonical_ops(b)
+    assert not any(canonical_ops(a)[o] for o in ATTENTION_KERNELS - {"flash_attention"})
+    assert not any("cudnn" in str(n.target) for n in a.graph.nodes)
 
 
 def test_dropout_kernel_depends_on_target():
@@ -376,7 +526,7 @@ def test_llama_7b_traces():
     traced = trace_step(StepConfig(parse_spec("hf:llama"), Shape(1, 256), "amp-bf16"))
     assert 6.5e9 < traced.param_count < 7e9
     counts = canonical_ops(traced)
-    assert counts["flash_attention"] == 32 and counts["flash_attention_backward"] == 32
+    assert counts["cudnn_attention"] == 32 and counts["cudnn_attention_backward"] == 32  # head dim 128, no dropout
     mms = nodes_named(traced, "mm", "forward")
     assert len(mms) == 32 * 7 + 1  # q, k, v, o, gate, up, down per layer + the LM head
     assert all(out_dtypes(n) == [torch.bfloat16] for n in mms)
@@ -579,7 +729,8 @@ def test_trace_follows_the_kernel_choices_of_a_given_torch_version():
             trace_step(StepConfig(spec, TEXT, "fp32", kernels="2.14.1"))
     with pytest.raises(UserError, match="not <major>.<minor>"):
         cuda_dispatch.kernel_choices("latest")
-    # half precision runs flash attention with GQA in every version: the same graph
+    # half precision runs cuDNN attention with GQA (Llama has no attention dropout) from 2.11 on: the same
+    # graph with 2.11's choices as with the installed torch's (CI's 2.13, the main environment's 2.14)
     a = canonical_ops(trace_step(StepConfig(spec, TEXT, "amp-bf16", kernels="2.11.0")))
     b = canonical_ops(trace_step(StepConfig(spec, TEXT, "amp-bf16")))
     assert a == b
