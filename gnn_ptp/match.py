@@ -4,7 +4,8 @@ The harvest stores, beside a record, the aten ops of one real step (``profiles.p
 what they called, each with its input shapes, phase and time. The traced graph has one node per kernel
 (``graph.to_tensors``). Per phase, both are walked in order: a graph node is matched to the next profiled
 op of the same canonical name (``ops.canonical``) that is not inside an op already matched, preferring one
-whose first input has the node's first input shape, within a window of the profile. A matched node's time
+whose first input has the node's first input shape, within a window of the profile (and a short look back
+for ops run in another order). A matched node's time
 is its op's inclusive time: device time on a GPU, host time on a CPU.
 
 What is not matched is reported by name: composite wrappers' own host time (``aten::linear`` around its
@@ -21,10 +22,17 @@ from dataclasses import dataclass, field
 from gnn_ptp import ops
 from gnn_ptp.trace import PHASES, TracedStep
 
+MATCH_VERSION = 2
+"""Bumped when the matching changes what a node takes (caches of matches carry it). 2: a short look back,
+and only ops some graph node could take count in the window."""
 WINDOW = 400
 """How far ahead in a phase's profiled ops a graph node's partner is looked for."""
 NAME_ONLY_WINDOW = 24
 """How far ahead a partner of the same name but another first input shape is accepted."""
+LOOKBACK = 16
+"""How far behind the walk's position a not yet matched partner of the same name and first input shape is
+taken first: on a GPU, autocast casts a composite op's arguments (input, weight, bias) in another order
+than the trace records them, and without a look back the walk jumps ahead to the next layer's cast."""
 
 
 @dataclass
@@ -99,13 +107,21 @@ def match_profile(traced: TracedStep | None, profile: dict, nodes: list | None =
             total_ms[PHASES[r[cols["phase"]]]] += r[self_col] / 1e3
     unmatched_nodes: Counter = Counter()
     for phase_id, phase in enumerate(PHASES):
-        candidates = [i for i, r in enumerate(rows) if r[cols["phase"]] == phase_id]
+        wanted = {op for op, node_phase, _ in nodes if node_phase == phase_id}
+        # only ops some node could take: host-only rows (a GPU AdamW's .item() per parameter, views) do
+        # not use up the window
+        candidates = [i for i, r in enumerate(rows) if r[cols["phase"]] == phase_id and names[i] in wanted]
         pos = 0
         for n, (op, node_phase, shape) in enumerate(nodes):
             if node_phase != phase_id:
                 continue
             best = None
-            for k in range(pos, min(pos + WINDOW, len(candidates))):
+            for k in range(max(0, pos - LOOKBACK), pos):  # reordered a little (autocast casts a wrapper's
+                i = candidates[k]                            # arguments in another order on a GPU)
+                if not covered[i] and names[i] == op and shape is not None and first_shape[i] == shape:
+                    best = k
+                    break
+            for k in range(pos, min(pos + WINDOW, len(candidates))) if best is None else ():
                 i = candidates[k]
                 if covered[i] or names[i] != op:
                     continue
@@ -125,7 +141,7 @@ def match_profile(traced: TracedStep | None, profile: dict, nodes: list | None =
                 j = stack.pop()
                 covered[j] = True
                 stack.extend(children.get(j, ()))
-            pos = best + 1
+            pos = max(pos, best + 1)
     unmatched_ms: Counter = Counter()
     for i, r in enumerate(rows):
         if not covered[i] and r[cols["phase"]] >= 0 and r[self_col] > 0:

@@ -102,8 +102,9 @@ def _cache_path(data_dir: Path, cuda: bool = False) -> Path:
     import transformers
 
     from gnn_ptp.graph import FEATURE_VERSION
+    from gnn_ptp.match import MATCH_VERSION
 
-    versions = f"f{FEATURE_VERSION}-torch{torch.__version__.split('+')[0]}-tf{transformers.__version__}"
+    versions = f"f{FEATURE_VERSION}-m{MATCH_VERSION}-torch{torch.__version__.split('+')[0]}-tf{transformers.__version__}"
     if cuda:
         from gnn_ptp.cuda_dispatch import DISPATCH_VERSION
 
@@ -154,6 +155,31 @@ def load(data_dir, measured: list, log=None) -> dict[str, dict]:
         log(f"node labels ready ({time.perf_counter() - start:.0f} s)")
     return {m.key: combine([matched[i] for i in ids[m.key] if i in matched])
             for m in wanted if any(i in matched for i in ids[m.key])}
+
+
+def node_seconds(data_dir, measured: list, log=None) -> dict[str, list[torch.Tensor]]:
+    """Per configuration key, one tensor per profile of every node's measured device (GPU) or host (CPU)
+    seconds, NaN where the profile matched no op to the node: the raw material of kernel-level fits
+    (``prior_fit``). Uses (and fills) the folder's node-label cache for the traced kernels."""
+    from gnn_ptp import match, profiles
+
+    from gnn_ptp import dataset
+
+    load(data_dir, measured, log)
+    cuda = any(dataset.trace_target(m.hardware) == "cuda" for m in measured)
+    cache = torch.load(_cache_path(Path(data_dir), cuda=cuda), weights_only=True)
+    ids = profiled_ids(data_dir)
+    found = profiles.read_profiles(data_dir)
+    out: dict[str, list[torch.Tensor]] = {}
+    for m in measured:
+        nodes = cache["nodes"].get(m.key)
+        if nodes is None:
+            continue
+        for i in ids.get(m.key, ()):
+            if i in found:
+                ms = match.match_profile(None, found[i], nodes).node_ms
+                out.setdefault(m.key, []).append(torch.tensor(ms, dtype=torch.float64) / 1e3)
+    return out
 
 
 def attach(samples: list, labels: dict[str, dict]) -> int:

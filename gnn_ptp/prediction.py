@@ -654,8 +654,8 @@ def analytic_warning(hardware: str, meta: dict) -> str:
     err = meta.get("expected_error") or {}
     how = f"expected error {err['summary']}" if err.get("summary") else "expected error unknown"
     return (f"ANALYTIC ESTIMATE: no {hardware} checkpoint yet, so these times come from the calibrated "
-            f"physical prior alone (per-kernel roofline with efficiency curves fitted to public per-kernel "
-            f"timings), not from a model trained on measured {hardware} steps; {how}")
+            f"physical prior alone (per-kernel roofline with fitted efficiency curves and a host launch "
+            f"queue), not from a model trained on measured {hardware} steps; {how}")
 
 
 def predict(spec: str, precision: str = "amp-bf16", batch_size: int = 8, **kwargs) -> Prediction | list[Prediction]:

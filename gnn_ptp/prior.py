@@ -80,7 +80,13 @@ class Profile:
     memory: Curve = Curve()
     """Memory traffic (bytes read + written)."""
     launch_floor_s: float = 0.0
-    """Least time one kernel costs an eager step."""
+    """Least time one kernel costs an eager step (with ``host_issue_s``: the shortest device time)."""
+    host_issue_s: tuple[float, ...] | None = None
+    """Host time to issue one kernel, per phase (forward, backward, optimizer): where set (a GPU fitted to
+    its own measured steps, ``gnn_ptp/prior_fit.py``), a phase is a launch queue (``queue_ms``) rather than
+    a sum of kernel times."""
+    host_fixed_s: tuple[float, ...] | None = None
+    """Host time of a phase beyond its kernels (per phase; with ``host_issue_s``)."""
     source: str = "ideal curves: the plain roofline"
     expected_error: dict = field(default_factory=dict)
     """How far off a step prediction from this profile is expected to be, and how that was derived."""
@@ -101,7 +107,10 @@ def profile_from_dict(hw: Hardware, d: dict) -> Profile:
     return Profile(hw, {k: Curve.from_dict(v) for k, v in d.get("gemm", {}).items()},
                    Curve.from_dict(d["vector"]) if "vector" in d else Curve(),
                    Curve.from_dict(d["memory"]) if "memory" in d else Curve(),
-                   float(d.get("launch_floor_s", 0.0)), d.get("source", ""), d.get("expected_error", {}))
+                   float(d.get("launch_floor_s", 0.0)),
+                   tuple(float(v) for v in d["host_issue_s"]) if d.get("host_issue_s") else None,
+                   tuple(float(v) for v in d["host_fixed_s"]) if d.get("host_fixed_s") else None,
+                   d.get("source", ""), d.get("expected_error", {}))
 
 
 def get_profile(hw: Hardware | str) -> Profile:
@@ -143,18 +152,74 @@ def node_seconds(x: torch.Tensor, x_cat: torch.Tensor, profile: Profile) -> torc
                          torch.full_like(flops, profile.launch_floor_s))
 
 
+PHASE_NAMES = ("forward", "backward", "optimizer")
+
+
+def queue_ms(device_s: torch.Tensor, host_s: float) -> float:
+    """Milliseconds of a launch queue: the host issues kernel k (1-based, in order) at ``k * host_s``, the
+    GPU runs it for ``device_s[k-1]`` once issued and free. The last kernel ends at
+    ``max_k (k * host_s + sum_{j >= k} device_s[j])``: the GPU-bound sum when the host keeps ahead, the
+    host's pace when the kernels are short."""
+    if device_s.numel() == 0:
+        return 0.0
+    after = torch.flip(torch.cumsum(torch.flip(device_s.double(), [0]), 0), [0])
+    k = torch.arange(1, device_s.numel() + 1, dtype=torch.float64)
+    return float((k * host_s + after).max()) * 1e3
+
+
+def issue_seconds(seconds: torch.Tensor, phase: torch.Tensor, profile: Profile) -> torch.Tensor:
+    """Per node, the larger of its device time and its phase's host issue cost (the device time where the
+    profile has none): what the kernel costs a host-bound step, summed by per-node readouts."""
+    if not profile.host_issue_s:
+        return seconds
+    host = torch.tensor(profile.host_issue_s, dtype=torch.float64)[phase.long()]
+    return torch.maximum(seconds, host)
+
+
 def log_node_ms(tensors, profile: Profile) -> torch.Tensor:
-    """Per-node log milliseconds (float32 [N]), as the GNN's per-kernel head gives them."""
-    return torch.log(node_seconds(tensors["x"], tensors["x_cat"], profile) * 1e3).float()
+    """Per-node log milliseconds (float32 [N]), as the GNN's per-kernel head gives them: the device time,
+    or for a profile with host issue costs the larger of it and the host's (``issue_seconds``; needs
+    ``phase`` in ``tensors``, else the device time)."""
+    seconds = node_seconds(tensors["x"], tensors["x_cat"], profile)
+    phase = tensors.get("phase") if isinstance(tensors, dict) else None
+    if phase is not None:
+        seconds = issue_seconds(seconds, phase, profile)
+    return torch.log(seconds * 1e3).float()
+
+
+def optimizer_issues(device_s: torch.Tensor, grad_bytes: torch.Tensor | None) -> torch.Tensor:
+    """The optimizer phase as the host issues it: a foreach kernel is one graph node, but its host work
+    (and the optimizer's per-parameter bookkeeping) grows with the parameter tensors, counted as the
+    backward nodes that finalise a gradient; the phase's device time is spread over one issue per tensor."""
+    tensors = int((grad_bytes > 0).sum()) if grad_bytes is not None else 0
+    if tensors <= device_s.numel():
+        return device_s
+    return torch.full((tensors,), float(device_s.sum()) / tensors, dtype=torch.float64)
+
+
+def graph_phase_ms(seconds: torch.Tensor, phase: torch.Tensor, profile: Profile,
+                   grad_bytes: torch.Tensor | None = None) -> torch.Tensor:
+    """[forward, backward, optimizer] ms of one graph's per-node device seconds (in graph order): where the
+    profile has host costs, per phase a launch queue (``queue_ms``) plus the phase's fixed host time; else
+    the sum."""
+    if not profile.host_issue_s:
+        return torch.zeros(3, dtype=torch.float64).index_add(0, phase, seconds) * 1e3
+    fixed = profile.host_fixed_s or (0.0, 0.0, 0.0)
+    out = []
+    for p in range(3):
+        device = seconds[phase == p]
+        if p == 2:
+            device = optimizer_issues(device, grad_bytes)
+        out.append(queue_ms(device, profile.host_issue_s[p]) + (fixed[p] * 1e3 if device.numel() else 0.0))
+    return torch.tensor(out, dtype=torch.float64)
 
 
 def phase_ms(tensors, profile: Profile) -> np.ndarray:
     """Prior ms of [forward, backward, optimizer, whole step] of one graph (a ``Data`` or a dict of its
-    tensors with ``x``, ``x_cat``, ``phase``)."""
-    get = tensors.__getitem__ if isinstance(tensors, dict) else lambda k: getattr(tensors, k)
+    tensors with ``x``, ``x_cat``, ``phase`` and, for the launch queue, ``grad_bytes``)."""
+    get = tensors.get if isinstance(tensors, dict) else lambda k: getattr(tensors, k, None)
     seconds = node_seconds(get("x"), get("x_cat"), profile)
-    phases = torch.zeros(3, dtype=torch.float64).index_add(0, get("phase"), seconds)
-    out = (phases * 1e3).numpy()
+    out = graph_phase_ms(seconds, get("phase"), profile, get("grad_bytes")).numpy()
     return np.append(out, out.sum())
 
 
@@ -170,12 +235,20 @@ class AnalyticModel:
         self.profile = profile
 
     def __call__(self, batch) -> dict[str, torch.Tensor]:
-        log_node = log_node_ms({"x": batch.x, "x_cat": batch.x_cat}, self.profile).double()
+        seconds = node_seconds(batch.x, batch.x_cat, self.profile)
+        node_ms = issue_seconds(seconds, batch.phase, self.profile) * 1e3
         graphs = int(batch.num_graphs)
         index = batch.batch * 3 + batch.phase
-        phase_ms = torch.zeros(graphs * 3, dtype=torch.float64).index_add(0, index, log_node.exp())
-        return {"log_phase_ms": torch.log(phase_ms.clamp_min(1e-9)).view(graphs, 3).float(),
-                "log_node_ms": log_node.float()}
+        summed = torch.zeros(graphs * 3, dtype=torch.float64).index_add(0, index, node_ms)
+        if self.profile.host_issue_s:  # phases are queues: per-node times scaled to add up to them
+            grads = getattr(batch, "grad_bytes", None)
+            queued = torch.cat([graph_phase_ms(seconds[batch.batch == g], batch.phase[batch.batch == g],
+                                               self.profile, None if grads is None else grads[batch.batch == g])
+                                for g in range(graphs)])
+            node_ms = node_ms * (queued / summed.clamp_min(1e-12))[index]
+            summed = queued
+        return {"log_phase_ms": torch.log(summed.clamp_min(1e-9)).view(graphs, 3).float(),
+                "log_node_ms": torch.log(node_ms.clamp_min(1e-12)).float()}
 
 
 def analytic_model(hardware: str) -> tuple[AnalyticModel, dict] | None:
