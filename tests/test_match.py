@@ -132,8 +132,9 @@ def test_h200_llama_profile_matches_cudnn_attention_nodes():
     import json
 
     record = next((r for r in records.iter_records(H200) if r["status"] == "ok" and r.get("profile")
-                   and r["config"]["spec"] == "hf:llama" and r["config"]["precision"] == "bf16"), None)
-    if record is None or not (H200 / record["profile"]["file"]).is_file():
+                   and r["config"]["spec"] == "hf:llama" and r["config"]["precision"] == "bf16"
+                   and (H200 / r["profile"]["file"]).is_file()), None)  # some profiles live in history only
+    if record is None:
         pytest.skip("no profiled hf:llama bf16 record in this checkout")
     with gzip.open(H200 / record["profile"]["file"], "rt") as fh:
         profile = next(p for p in map(json.loads, fh) if p["id"] == record["id"])

@@ -314,3 +314,16 @@ def test_set_overrides_rederive_dependent_config_fields():
                                       "num_attention_heads=4", "num_key_value_heads=2", "vocab_size=500"]), TEXT)
     assert w.model.config.head_dim == 16
     assert w.model.model.layers[0].self_attn.q_proj.out_features == 64
+
+
+def test_roberta_positions_start_after_the_padding_id_so_the_table_needs_two_more_rows():
+    """RoBERTa numbers positions from pad_token_id + 1: at the config default of 512 rows, a 512-token
+    sequence indexes past the table. On a GPU that is a device-side assert that kills the collector (it
+    ended the first H200 harvest slice), so the spec refuses it up front."""
+    from gnn_ptp.spec import Shape, build, parse_spec
+
+    with pytest.raises(UserError, match=r"512 \+ 2 .*max_position_embeddings \(512\)"):
+        build(parse_spec("hf:roberta"), Shape(2, 512, None), "meta")
+    assert build(parse_spec("hf:roberta"), Shape(2, 510, None), "meta").param_count > 0
+    assert build(parse_spec("hf:roberta", ["max_position_embeddings=514"]), Shape(2, 512, None), "meta")
+    assert build(parse_spec("hf:bert"), Shape(2, 512, None), "meta")  # BERT counts from 0: 512 fit
