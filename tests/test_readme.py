@@ -67,6 +67,9 @@ RUN = {
     # cold cache, ~1-2 minutes on 2 cores)
     "gnn-ptp evaluate --checkpoint checkpoints/cpu --data datasets/cpu": [
         "gnn (precision-aware)        12.7%", "ridge on graph totals        16.5%"],
+    # the same for the H200 checkpoint (55 held-out configurations traced on a cold cache, ~1-2 minutes)
+    "gnn-ptp evaluate --checkpoint checkpoints/h200 --data datasets/h200": [
+        "gnn (precision-aware)        16.5%", "gnn, precision-unaware       39.6%"],
     "python -m gnn_ptp.comm": [],  # printed with its output: compared line for line
 }
 
@@ -297,3 +300,19 @@ def test_the_readme_s_held_out_figure_is_the_shipped_checkpoint_s_on_the_data_it
     assert int(row.split()[-1]) == meta["metrics"]["test"]["overall"]["n"]
     current = dataset.data_hash(dataset.measured_configs(REPO / "datasets" / "cpu"))
     assert current == meta["data_hash"], "datasets/cpu changed since checkpoints/cpu was trained: retrain, re-evaluate"
+
+
+def test_the_readme_s_h200_figure_is_the_shipped_h200_checkpoint_s():
+    """As for the CPU checkpoint: the README's H200 evaluation row is the checkpoint's stored test MAPE on
+    the records it was trained on."""
+    import json
+
+    from gnn_ptp import dataset
+
+    meta = json.loads((REPO / "checkpoints" / "h200" / "meta.json").read_text())
+    printed = dollar_examples()["gnn-ptp evaluate --checkpoint checkpoints/h200 --data datasets/h200"]
+    row = next(line for line in printed if line.startswith("gnn (precision-aware)"))
+    assert row.split()[2] == f"{meta['metrics']['test']['overall']['mape']:.1f}%"
+    assert int(row.split()[-1]) == meta["metrics"]["test"]["overall"]["n"]
+    current = dataset.data_hash(dataset.measured_configs(REPO / "datasets" / "h200"))
+    assert current == meta["data_hash"], "datasets/h200 changed since checkpoints/h200 was trained: retrain"
