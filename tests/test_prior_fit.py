@@ -1,0 +1,99 @@
+"""Fitting the GPU prior to profiled kernels and timed steps (gnn_ptp/prior_fit.py).
+
+All inputs here are SYNTHETIC: kernel rows and step samples generated from a known prior (curves and host
+costs chosen below), so the fit must recover what made them."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+from gnn_ptp import ops, prior, prior_fit
+from gnn_ptp.graph import NODE_FEATURES
+from gnn_ptp.hardware import HARDWARE
+
+H200 = HARDWARE["h200"]
+TRUE = {"gemm": {"bf16": {"peak_fraction": 0.7, "half_size": 5e9, "slope": 1.0},
+                 "fp32": {"peak_fraction": 0.6, "half_size": 5e8, "slope": 1.0}},
+        "vector": {"peak_fraction": 0.05},
+        "memory": {"peak_fraction": 0.8, "half_size": 2e6, "slope": 1.0},
+        "launch_floor_s": 2e-6}
+
+
+def _synthetic_rows(n: int = 3000, seed: int = 0) -> prior_fit.KernelRows:
+    """Kernels whose 'measured' time is the TRUE prior's, times a little log-normal noise."""
+    g = torch.Generator().manual_seed(seed)
+    kind = torch.randint(0, 3, (n,), generator=g)  # 0 bf16 GEMM, 1 fp32 GEMM, 2 element-wise
+    flops = 10 ** (6 + 7 * torch.rand(n, generator=g, dtype=torch.float64))
+    moved = torch.where(kind == 2, 10 ** (3 + 7 * torch.rand(n, generator=g, dtype=torch.float64)),
+                        flops ** (2 / 3) * 6)
+    flops = torch.where(kind == 2, moved / 8, flops)
+    dtype = ["bf16" if k == 0 else "fp32" for k in kind.tolist()]
+    rows = prior_fit.KernelRows(flops, moved, dtype, kind < 2, kind == 0,
+                                ["matmul" if k < 2 else "elementwise" for k in kind.tolist()],
+                                ["synthetic"] * n, torch.zeros(n, dtype=torch.float64))
+    truth = prior.profile_from_dict(H200, TRUE)
+    noise = torch.exp(0.05 * torch.randn(n, generator=g, dtype=torch.float64))
+    rows.seconds = prior_fit._prior_seconds(rows, truth) * noise
+    return rows
+
+
+def test_the_device_fit_recovers_the_curves_that_made_the_kernels():
+    rows = _synthetic_rows()
+    fitted = prior_fit.fit_device(rows, H200, steps=1500)
+    profile = prior_fit.device_profile(H200, fitted)
+    errors = prior_fit.kernel_errors(rows, profile)
+    assert errors["all"]["median_ape"] < 8  # the noise is 5 %
+    for dtype, flops in (("bf16", 1e12), ("fp32", 1e11)):
+        want = prior.Curve.from_dict(TRUE["gemm"][dtype])(torch.tensor([flops], dtype=torch.float64))
+        got = profile.gemm_curve(dtype)(torch.tensor([flops], dtype=torch.float64))
+        assert got.item() == pytest.approx(want.item(), rel=0.1)
+    big = torch.tensor([1e10], dtype=torch.float64)
+    assert profile.memory(big).item() == pytest.approx(prior.Curve.from_dict(TRUE["memory"])(big).item(), rel=0.1)
+
+
+def _sample(n_kernels: int, kernel_s: float, family: str = "synthetic"):
+    """A SYNTHETIC one-graph sample: n element-wise kernels per phase of a known device time each."""
+    from torch_geometric.data import Data
+
+    n = 3 * n_kernels
+    x = torch.zeros(n, NODE_FEATURES)
+    moved = kernel_s * H200.memory_bandwidth_Bps * 0.8  # memory-bound at the TRUE curve's plateau
+    x[:, 1] = x[:, 2] = math.log2(1 + moved / 2)
+    x_cat = torch.zeros(n, 4, dtype=torch.long)
+    x_cat[:, 1] = ops.CATEGORIES.index("elementwise")
+    x_cat[:, 2] = ops.DTYPE_ID["fp32"]
+    phase = torch.arange(3).repeat_interleave(n_kernels)
+    x_cat[:, 3] = phase
+    return Data(x=x, x_cat=x_cat, phase=phase, num_nodes=n, family=family, precision="fp32",
+                grad_bytes=torch.zeros(n))
+
+
+def test_the_host_fit_recovers_the_issue_and_fixed_costs_of_a_launch_queue():
+    truth = dataclasses.replace(prior.profile_from_dict(H200, {**TRUE, "memory": {"peak_fraction": 0.8}}),
+                                host_issue_s=(40e-6, 60e-6, 20e-6), host_fixed_s=(300e-6, 200e-6, 100e-6))
+    samples = []
+    for n, t in ((10, 1e-6), (50, 2e-6), (200, 5e-6), (30, 400e-6), (400, 1e-5), (80, 100e-6)):
+        s = _sample(n, t)
+        ms = prior.phase_ms(s, truth)
+        s.y = torch.tensor([[math.log(v) for v in ms]], dtype=torch.float32)  # forward, backward, optimizer, step
+        samples.append(s)
+    device_only = dataclasses.replace(truth, host_issue_s=None, host_fixed_s=None)
+    host, fixed, report = prior_fit.fit_host(samples, device_only)
+    assert host == pytest.approx([40e-6, 60e-6, 20e-6], abs=1.5e-6)
+    assert fixed == pytest.approx([300e-6, 200e-6, 100e-6], abs=30e-6)
+    assert all(r["mean_abs_log_error"] < 0.01 for r in report.values())
+    errors = prior_fit.step_errors(samples, dataclasses.replace(truth, host_issue_s=tuple(host),
+                                                                host_fixed_s=tuple(fixed)))
+    assert errors["all"]["mape"] < 2 and errors["all"]["ratio_median"] == pytest.approx(1.0, abs=0.02)
+
+
+def test_optimizer_issues_count_parameter_tensors_not_foreach_nodes():
+    device = torch.tensor([1e-3, 2e-3], dtype=torch.float64)  # two foreach kernels
+    grads = torch.tensor([0.0, 4.0, 4.0, 0.0, 8.0, 8.0, 8.0])  # five parameter tensors finalised
+    spread = prior.optimizer_issues(device, grads)
+    assert spread.numel() == 5 and spread.sum().item() == pytest.approx(3e-3)
+    assert torch.equal(prior.optimizer_issues(device, None), device)
