@@ -275,8 +275,12 @@ def _map(fn, jobs: list):
     with multiprocessing.get_context("fork").Pool(workers, maxtasksperchild=50,
                                                   initializer=_single_threaded) as pool:
         for result in pool.imap(fn, jobs, chunksize=1):
-            if done == 0 and isinstance(result, str) and _fork_refused(RuntimeError(result)):
-                break  # this process ran autograd before: forked children cannot; trace here
+            if isinstance(result, str) and _fork_refused(RuntimeError(result)):
+                if done == 0:
+                    break  # this process ran autograd before: forked children cannot; trace here
+                # a worker forked later (the pool replaces them) after this process ran autograd:
+                # this one job is run here rather than reported as a failure (and cached as one)
+                result = fn(jobs[done])
             done += 1
             yield result
     yield from map(fn, jobs[done:])

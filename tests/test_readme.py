@@ -285,34 +285,20 @@ def test_readme_python_example_runs(block, in_repo):
     assert [r.precision for r in rows] == ["fp32", "tf32", "torch-default", "amp-fp16", "amp-bf16", "bf16"]
 
 
-def test_the_readme_s_held_out_figure_is_the_shipped_checkpoint_s_on_the_data_it_was_trained_on():
+@pytest.mark.parametrize("hardware", ["cpu", "h200"])
+def test_the_readme_s_held_out_figure_is_the_shipped_checkpoint_s_on_the_data_it_was_trained_on(hardware):
     """The README's evaluation table is the shipped checkpoint's stored test MAPE, on the data it was
-    trained on (the data hash in its meta.json): new records in datasets/cpu mean retraining and
+    trained on (the data hash in its meta.json): new records in datasets/<hardware> mean retraining and
     re-measuring the README's figures (`gnn-ptp train ...` then `gnn-ptp evaluate ...`)."""
     import json
 
     from gnn_ptp import dataset
 
-    meta = json.loads((REPO / "checkpoints" / "cpu" / "meta.json").read_text())
-    printed = dollar_examples()["gnn-ptp evaluate --checkpoint checkpoints/cpu --data datasets/cpu"]
+    meta = json.loads((REPO / "checkpoints" / hardware / "meta.json").read_text())
+    printed = dollar_examples()[f"gnn-ptp evaluate --checkpoint checkpoints/{hardware} --data datasets/{hardware}"]
     row = next(line for line in printed if line.startswith("gnn (precision-aware)"))
     assert row.split()[2] == f"{meta['metrics']['test']['overall']['mape']:.1f}%"
     assert int(row.split()[-1]) == meta["metrics"]["test"]["overall"]["n"]
-    current = dataset.data_hash(dataset.measured_configs(REPO / "datasets" / "cpu"))
-    assert current == meta["data_hash"], "datasets/cpu changed since checkpoints/cpu was trained: retrain, re-evaluate"
-
-
-def test_the_readme_s_h200_figure_is_the_shipped_h200_checkpoint_s():
-    """As for the CPU checkpoint: the README's H200 evaluation row is the checkpoint's stored test MAPE on
-    the records it was trained on."""
-    import json
-
-    from gnn_ptp import dataset
-
-    meta = json.loads((REPO / "checkpoints" / "h200" / "meta.json").read_text())
-    printed = dollar_examples()["gnn-ptp evaluate --checkpoint checkpoints/h200 --data datasets/h200"]
-    row = next(line for line in printed if line.startswith("gnn (precision-aware)"))
-    assert row.split()[2] == f"{meta['metrics']['test']['overall']['mape']:.1f}%"
-    assert int(row.split()[-1]) == meta["metrics"]["test"]["overall"]["n"]
-    current = dataset.data_hash(dataset.measured_configs(REPO / "datasets" / "h200"))
-    assert current == meta["data_hash"], "datasets/h200 changed since checkpoints/h200 was trained: retrain"
+    current = dataset.data_hash(dataset.measured_configs(REPO / "datasets" / hardware))
+    assert current == meta["data_hash"], (f"datasets/{hardware} changed since checkpoints/{hardware} was trained: "
+                                          "retrain, re-evaluate")
