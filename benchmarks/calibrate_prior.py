@@ -48,6 +48,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from gnn_ptp.hardware import HARDWARE  # noqa: E402
 from gnn_ptp.prior import CALIBRATION_FILE  # noqa: E402
+from gnn_ptp.prior_fit import RANDOM_FAMILIES  # noqa: E402
 
 NEUSIGHT_TEST = "scripts/asplos/data/dataset/test"
 H100_DEVICE = "NVIDIA H100 80GB HBM3"
@@ -300,7 +301,7 @@ def print_table(errors: dict) -> None:
 def fit_profiles(data: Path, fit_families: list[str]) -> tuple[dict, dict]:
     """Curves and host issue costs fitted to a GPU dataset's profiled kernels and timed steps of
     ``fit_families`` (gnn_ptp/prior_fit.py); errors on the kernels and steps of every other family."""
-    from gnn_ptp import dataset, node_labels, prior_fit
+    from gnn_ptp import dataset, node_labels, prior_fit, records
     from gnn_ptp.hardware import get_hardware
 
     measured = dataset.measured_configs(data)
@@ -317,9 +318,8 @@ def fit_profiles(data: Path, fit_families: list[str]) -> tuple[dict, dict]:
     device_only = prior_fit.device_profile(hw, fitted)
     host, fixed, host_report = prior_fit.fit_host(fit_s, device_only)
     profile = prior_fit.device_profile(hw, fitted, host, fixed)
-    records = [r for r in __import__("gnn_ptp.records", fromlist=["x"]).iter_records(data)
-               if r.get("status") == "ok"][:1]
-    env = records[0]["env"] if records else {}
+    first = next((r for r in records.iter_records(data) if r.get("status") == "ok"), None)
+    env = first["env"] if first else {}
     when = datetime.now(timezone.utc).date().isoformat()
     errors = {
         "kernels_fitted": prior_fit.kernel_errors(rows_fit, device_only),
@@ -382,7 +382,7 @@ def main() -> None:
     ap.add_argument("--profiles", type=Path, metavar="DATA",
                     help="a GPU dataset folder with profiled records (datasets/h200): fit the Hopper prior to its "
                          "kernels and steps (section h100, which the H200 and A100 borrow with their own rates)")
-    ap.add_argument("--fit-families", default=",".join(("random-cnn", "random-mlp", "random-transformer")),
+    ap.add_argument("--fit-families", default=",".join(RANDOM_FAMILIES),
                     help="with --profiles: the families fitted on (every other family is held out and scored)")
     ap.add_argument("--neusight", type=Path, help="a checkout of github.com/sitfor/NeuSight (re-fits h100)")
     ap.add_argument("--cpu", action="store_true", help="measure and re-fit this CPU's curves")

@@ -112,6 +112,13 @@ def _cache_path(data_dir: Path, cuda: bool = False) -> Path:
     return Path(data_dir) / ".cache" / f"node-labels-{versions}.pt"
 
 
+def _cache_of(data_dir, measured: list) -> Path:
+    """The node-label cache of these configurations (CUDA-target ones carry the dispatch version)."""
+    from gnn_ptp import dataset
+
+    return _cache_path(Path(data_dir), cuda=any(dataset.trace_target(m.hardware) == "cuda" for m in measured))
+
+
 def load(data_dir, measured: list, log=None) -> dict[str, dict]:
     """Labels (``combine``) for every measured configuration with profiled records. The folder's cache
     keeps each configuration's traced kernel nodes and each profile's match, so a new profile costs its
@@ -122,7 +129,7 @@ def load(data_dir, measured: list, log=None) -> dict[str, dict]:
     log = log or (lambda msg: print(msg, file=sys.stderr))
     ids = profiled_ids(data_dir)
     wanted = [m for m in measured if m.key in ids]
-    path = _cache_path(Path(data_dir), cuda=any(dataset.trace_target(m.hardware) == "cuda" for m in wanted))
+    path = _cache_of(data_dir, wanted)
     try:
         cache = torch.load(path, weights_only=True) if path.is_file() else {}
     except Exception:  # a damaged cache is rebuilt, never trusted
@@ -163,12 +170,9 @@ def node_seconds(data_dir, measured: list, log=None) -> dict[str, list[torch.Ten
     (``prior_fit``). Uses (and fills) the folder's node-label cache for the traced kernels."""
     from gnn_ptp import match, profiles
 
-    from gnn_ptp import dataset
-
     load(data_dir, measured, log)
-    cuda = any(dataset.trace_target(m.hardware) == "cuda" for m in measured)
-    cache = torch.load(_cache_path(Path(data_dir), cuda=cuda), weights_only=True)
     ids = profiled_ids(data_dir)
+    cache = torch.load(_cache_of(data_dir, [m for m in measured if m.key in ids]), weights_only=True)
     found = profiles.read_profiles(data_dir)
     out: dict[str, list[torch.Tensor]] = {}
     for m in measured:

@@ -37,6 +37,7 @@ import torch
 
 from gnn_ptp import ops
 from gnn_ptp.hardware import HARDWARE, Hardware
+from gnn_ptp.profiles import PHASES
 
 CALIBRATION_FILE = Path(__file__).with_name("prior_calibration.json")
 TC_COLUMN = 13  # graph.py node features: tensor-core flag
@@ -152,7 +153,16 @@ def node_seconds(x: torch.Tensor, x_cat: torch.Tensor, profile: Profile) -> torc
                          torch.full_like(flops, profile.launch_floor_s))
 
 
-PHASE_NAMES = ("forward", "backward", "optimizer")
+PHASE_NAMES = PHASES
+
+
+def queue_ms_grid(device_s: torch.Tensor, host_s: torch.Tensor) -> torch.Tensor:
+    """``queue_ms`` for every host issue cost of ``host_s`` [H] at once: [H] milliseconds."""
+    if device_s.numel() == 0:
+        return torch.zeros_like(host_s, dtype=torch.float64)
+    after = torch.flip(torch.cumsum(torch.flip(device_s.double(), [0]), 0), [0])
+    k = torch.arange(1, device_s.numel() + 1, dtype=torch.float64)
+    return (host_s.double()[:, None] * k[None, :] + after[None, :]).max(1).values * 1e3
 
 
 def queue_ms(device_s: torch.Tensor, host_s: float) -> float:
@@ -160,11 +170,7 @@ def queue_ms(device_s: torch.Tensor, host_s: float) -> float:
     GPU runs it for ``device_s[k-1]`` once issued and free. The last kernel ends at
     ``max_k (k * host_s + sum_{j >= k} device_s[j])``: the GPU-bound sum when the host keeps ahead, the
     host's pace when the kernels are short."""
-    if device_s.numel() == 0:
-        return 0.0
-    after = torch.flip(torch.cumsum(torch.flip(device_s.double(), [0]), 0), [0])
-    k = torch.arange(1, device_s.numel() + 1, dtype=torch.float64)
-    return float((k * host_s + after).max()) * 1e3
+    return float(queue_ms_grid(device_s, torch.tensor([host_s], dtype=torch.float64))[0])
 
 
 def issue_seconds(seconds: torch.Tensor, phase: torch.Tensor, profile: Profile) -> torch.Tensor:

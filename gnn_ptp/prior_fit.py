@@ -10,12 +10,13 @@ architectures), so that every named model family stays held out for the step-lev
    and a device floor (the shortest kernel) are fitted by least squares on log time, each node weighted
    by the square root of its time (the kernels that hold the step count more than a thousand tiny ones,
    which still count).
-2. **Host issue cost per kernel.** An eager PyTorch step is a queue: the host issues kernel i at
-   ``i * host_s`` (Python, autograd and dispatch, a few to tens of microseconds each), the GPU runs it
-   when it is free and it has been issued. The phase then ends at ``max_k(k * host_s + sum_{j>=k} t_j)``
-   (``prior.queue_ms``). ``host_s`` per phase (forward, backward, optimizer) is fitted to the measured
-   phase times of the calibration configurations, with the device times of stage 1: it belongs to the host
-   CPU and torch version that measured them, which is said where it is used.
+2. **Host costs.** An eager PyTorch step is a queue: the host issues kernel i at ``i * host_s`` (Python,
+   autograd and dispatch, a few to tens of microseconds each), the GPU runs it when it is free and it has
+   been issued. The phase then ends at ``max_k(k * host_s + sum_{j>=k} t_j)`` (``prior.queue_ms``), plus
+   a fixed host time. Both, per phase (forward, backward, optimizer; the optimizer issued once per
+   parameter tensor), are fitted to the measured phase times of the calibration configurations, with the
+   device times of stage 1: they belong to the host CPU and torch version that measured them, which is
+   said where they are used.
 
 Nothing here reads a step of a held-out family or any public end-to-end figure.
 """
@@ -50,12 +51,6 @@ class KernelRows:
 
     def __len__(self) -> int:
         return int(self.seconds.numel())
-
-    def select(self, keep: torch.Tensor) -> "KernelRows":
-        idx = keep.nonzero().flatten().tolist()
-        return KernelRows(self.flops[keep], self.moved[keep], [self.dtype[i] for i in idx], self.gemm[keep],
-                          self.tensor_core[keep], [self.category[i] for i in idx],
-                          [self.family[i] for i in idx], self.seconds[keep])
 
 
 def kernel_rows(samples: list, node_seconds: dict[str, list[torch.Tensor]]) -> KernelRows:
@@ -169,7 +164,6 @@ def device_profile(hw: Hardware, fitted: dict, host_s=None, fixed_s=None) -> pri
 def kernel_errors(rows: KernelRows, profile: prior.Profile) -> dict:
     """Per category (and all): MAPE, median and p90 APE of the prior's device time per kernel, and its
     time-weighted error (|sum pred - sum meas| over sum meas per category)."""
-    hw = profile.hardware
     pred = _prior_seconds(rows, profile)
     out = {}
     masks = {"all": torch.ones(len(rows), dtype=torch.bool), **_masks(rows.category)}
@@ -181,7 +175,6 @@ def kernel_errors(rows: KernelRows, profile: prior.Profile) -> dict:
                     "p90_ape": float(np.percentile(ape, 90)),
                     "sum_error": float(abs(pred[m].sum() / rows.seconds[m].sum() - 1) * 100),
                     "measured_ms": float(rows.seconds[m].sum() * 1e3)}
-    del hw
     return out
 
 
@@ -198,15 +191,6 @@ def _prior_seconds(rows: KernelRows, profile: prior.Profile) -> torch.Tensor:
 
 
 # --- stage 2: host issue cost -------------------------------------------------------------------------------
-
-
-def _queue_grid(device_s: torch.Tensor, host_grid_s: torch.Tensor) -> torch.Tensor:
-    """``prior.queue_ms`` for every host cost of ``host_grid_s`` at once: [H] milliseconds."""
-    if device_s.numel() == 0:
-        return torch.zeros_like(host_grid_s)
-    after = torch.flip(torch.cumsum(torch.flip(device_s.double(), [0]), 0), [0])
-    k = torch.arange(1, device_s.numel() + 1, dtype=torch.float64)
-    return (host_grid_s[:, None] * k[None, :] + after[None, :]).max(1).values * 1e3
 
 
 def fit_host(samples: list, profile: prior.Profile, per_kernel_us=None, per_phase_us=None) -> tuple[list, list, dict]:
@@ -230,7 +214,7 @@ def fit_host(samples: list, profile: prior.Profile, per_kernel_us=None, per_phas
             device = t[m]
             if p == prior.PHASE_NAMES.index("optimizer"):
                 device = prior.optimizer_issues(device, getattr(s, "grad_bytes", None))
-            curves[p].append((_queue_grid(device, per_kernel), float(measured[p])))
+            curves[p].append((prior.queue_ms_grid(device, per_kernel), float(measured[p])))
     host, base, report = [], [], {}
     for p, name in enumerate(prior.PHASE_NAMES):
         if not curves[p]:
