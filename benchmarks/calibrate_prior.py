@@ -298,7 +298,8 @@ def print_table(errors: dict) -> None:
 # --- a Hopper GPU from its own harvest: profiled kernels and measured steps ---------------------------------
 
 
-def fit_profiles(data: Path, fit_families: list[str]) -> tuple[dict, dict]:
+def fit_profiles(data: Path, fit_families: list[str], by_category: bool = True,
+                 intensity: bool = True) -> tuple[dict, dict]:
     """Curves and host issue costs fitted to a GPU dataset's profiled kernels and timed steps of
     ``fit_families`` (gnn_ptp/prior_fit.py); errors on the kernels and steps of every other family."""
     from gnn_ptp import dataset, node_labels, prior_fit, records
@@ -314,7 +315,7 @@ def fit_profiles(data: Path, fit_families: list[str]) -> tuple[dict, dict]:
         raise SystemExit(f"--fit-families {','.join(fit_families)}: both the fitted and the held-out "
                          f"families need configurations (families here: {sorted({s.family for s in samples})})")
     rows_fit, rows_held = prior_fit.kernel_rows(fit_s, seconds), prior_fit.kernel_rows(held_s, seconds)
-    fitted = prior_fit.fit_device(rows_fit, hw)
+    fitted = prior_fit.fit_device(rows_fit, hw, by_category=by_category, intensity=intensity)
     device_only = prior_fit.device_profile(hw, fitted)
     host, fixed, host_report = prior_fit.fit_host(fit_s, device_only)
     profile = prior_fit.device_profile(hw, fitted, host, fixed)
@@ -361,6 +362,84 @@ def fit_profiles(data: Path, fit_families: list[str]) -> tuple[dict, dict]:
     return section, errors
 
 
+def fit_profiles_lofo(data: Path, hold_out: list[str] = (), **device_kw) -> tuple[dict, dict]:
+    """The shipped curves fitted to every family of a GPU dataset but ``hold_out`` (the families a
+    checkpoint trained over this prior is tested on, which the prior must not see either); the expected
+    error from fitting the same way with one family left out at a time (``prior_fit.leave_one_family_out``)."""
+    from gnn_ptp import dataset, node_labels, prior_fit
+    from gnn_ptp.hardware import get_hardware
+
+    measured = dataset.measured_configs(data)
+    hw = get_hardware(measured[0].hardware)
+    samples = dataset.make_samples(measured, dataset.load_graphs(data, measured, True))
+    seconds = node_labels.node_seconds(data, measured)
+    print(f"leave one family out ({len({s.family for s in samples})} families, {len(samples)} steps):")
+    lofo = prior_fit.leave_one_family_out(samples, seconds, hw, log=print, **device_kw)
+    unknown = sorted(set(hold_out) - {s.family for s in samples})
+    if unknown:
+        raise SystemExit(f"--hold-out {','.join(unknown)}: not a family of {data}")
+    held = [s for s in samples if s.family in hold_out]
+    samples = [s for s in samples if s.family not in hold_out]
+    fitted, profile, host_report = prior_fit.fit(samples, seconds, hw, **device_kw)
+    rows = prior_fit.kernel_rows(samples, seconds)
+    env = _first_env(data)
+    when = datetime.now(timezone.utc).date().isoformat()
+    errors = {"lofo": lofo, "steps_fitted": prior_fit.step_errors(samples, profile),
+              "kernels_fitted": prior_fit.kernel_errors(rows, prior_fit.device_profile(hw, fitted)),
+              "host": host_report}
+    if held:
+        errors["steps_held_out"] = prior_fit.step_errors(held, profile)
+    host = list(profile.host_issue_s)
+    source = (f"fitted by benchmarks/calibrate_prior.py --profiles {data} --lofo on {when}: device curves to "
+              f"{len(rows)} profiled kernels and host issue costs to {len(samples)} timed steps of every family"
+              f"{' but ' + ', '.join(hold_out) + ' (held out for the checkpoint trained over it)' if hold_out else ''} "
+              f"on {env.get('device_name', hw.description)} (driver {env.get('driver')}, CUDA {env.get('cuda')}, "
+              f"torch {env.get('torch')}, host CPU {env.get('cpu_kind') or env.get('cpu_model')}); expected error "
+              f"from leaving one family out at a time")
+    expected = {
+        "summary": (f"{lofo['all']['mape']:.0f} % step MAPE (median {lofo['all']['median_ape']:.0f} %) on "
+                    f"{lofo['all']['n']} measured {env.get('device_name', hw.name)} steps, each predicted by a fit "
+                    f"that never saw its model family (mean of {len(lofo['by_family'])} families "
+                    f"{lofo['family_mean_mape']:.0f} %, worst {lofo['worst_family']} "
+                    f"{lofo['worst_family_mape']:.0f} %)"
+                    + ("" if hw.name == "h100" else "; on an H100 not measured (same compute, less bandwidth)")),
+        "by_precision": ", ".join(f"{k} {v:.0f} %" for k, v in lofo["by_precision"].items()),
+        "host": (f"the host costs ({', '.join(f'{k} {v:.0f} us' for k, v in zip(('forward', 'backward', 'optimizer'), [h * 1e6 for h in host]))} "
+                 f"per kernel) are those of the measuring machine's CPU ({env.get('cpu_kind') or env.get('cpu_model')}, "
+                 f"torch {env.get('torch')}): small, host-bound models move with the host"),
+    }
+    section = {"source": source, "expected_error": expected, "fitted_on": hw.name,
+               "gemm": fitted["gemm"], "vector": fitted["vector"], "memory": fitted["memory"],
+               "launch_floor_s": fitted["device_floor_s"], "host_issue_s": host,
+               "host_fixed_s": list(profile.host_fixed_s), "fit_families": sorted({s.family for s in samples}),
+               "errors": errors}
+    return section, errors
+
+
+def _first_env(data: Path) -> dict:
+    from gnn_ptp import records
+
+    first = next((r for r in records.iter_records(data) if r.get("status") == "ok"), None)
+    return first["env"] if first else {}
+
+
+def print_lofo(errors: dict) -> None:
+    lofo = errors["lofo"]
+    print(f"\nleave one family out: step MAPE {lofo['all']['mape']:.1f}% (median {lofo['all']['median_ape']:.1f}%, "
+          f"predicted / measured median {lofo['all']['ratio_median']:.2f}, n {lofo['all']['n']}); mean of "
+          f"families {lofo['family_mean_mape']:.1f}%, worst {lofo['worst_family']} {lofo['worst_family_mape']:.1f}%")
+    print("  " + ", ".join(f"{k} {v:.1f}%" for k, v in lofo["by_precision"].items()))
+    fitted = errors["steps_fitted"]
+    print(f"the shipped fit, on its own families: step MAPE {fitted['all']['mape']:.1f}% "
+          f"(median {fitted['all']['median_ape']:.1f}%)")
+    if "steps_held_out" in errors:
+        held = errors["steps_held_out"]
+        print(f"the shipped fit on the families it holds out: step MAPE {held['all']['mape']:.1f}% ("
+              + ", ".join(f"{k} {v['mape']:.1f}%" for k, v in held["by_family"].items()) + ")")
+    print("host cost per issued kernel + per phase:", ", ".join(
+        f"{k} {v['host_us_per_kernel']:.1f} us + {v['fixed_us']:.0f} us" for k, v in errors["host"].items()))
+
+
 def print_profile_errors(errors: dict) -> None:
     for name in ("kernels_fitted", "kernels_held_out"):
         print(f"\n{name}: per kernel APE (MAPE / median / p90) and time-weighted sum error")
@@ -384,6 +463,17 @@ def main() -> None:
                          "kernels and steps (section h100, which the H200 and A100 borrow with their own rates)")
     ap.add_argument("--fit-families", default=",".join(RANDOM_FAMILIES),
                     help="with --profiles: the families fitted on (every other family is held out and scored)")
+    ap.add_argument("--lofo", action="store_true",
+                    help="with --profiles: fit on EVERY family (the shipped curves) and judge the method by "
+                         "leaving one family out at a time (its expected error)")
+    ap.add_argument("--hold-out", default="",
+                    help="with --lofo: families the shipped fit leaves out (a checkpoint's test families: "
+                         "training/h200.toml's test split)")
+    ap.add_argument("--pooled-gemm", action="store_true",
+                    help="with --profiles: one GEMM curve per dtype for matmul, conv and attention alike (the "
+                         "first fit's form; default: one per category and dtype)")
+    ap.add_argument("--no-intensity", action="store_true",
+                    help="with --profiles: curves by kernel size alone, without the arithmetic-intensity ramp")
     ap.add_argument("--neusight", type=Path, help="a checkout of github.com/sitfor/NeuSight (re-fits h100)")
     ap.add_argument("--cpu", action="store_true", help="measure and re-fit this CPU's curves")
     ap.add_argument("--write", action="store_true", help=f"store the fit in {CALIBRATION_FILE.name}")
@@ -401,13 +491,17 @@ def main() -> None:
     table = json.loads(CALIBRATION_FILE.read_text()) if CALIBRATION_FILE.is_file() else {}
     errors = {}
     if args.profiles:
-        section, e = fit_profiles(args.profiles, [f for f in args.fit_families.split(",") if f])
+        kw = {"by_category": not args.pooled_gemm, "intensity": not args.no_intensity}
+        if args.lofo:
+            section, e = fit_profiles_lofo(args.profiles, [f for f in args.hold_out.split(",") if f], **kw)
+        else:
+            section, e = fit_profiles(args.profiles, [f for f in args.fit_families.split(",") if f], **kw)
         if "h100" in table and "host_issue_s" not in table["h100"]:
             table["h100-neusight"] = table["h100"]  # the earlier public-kernel fit, kept for comparison
         table["h100"] = section
         print("h100:", json.dumps({k: section[k] for k in ("gemm", "vector", "memory", "launch_floor_s",
                                                             "host_issue_s", "host_fixed_s")}, indent=1))
-        print_profile_errors(e)
+        print_lofo(e) if args.lofo else print_profile_errors(e)
     if args.neusight:
         table["h100"], e = fit_h100(args.neusight)
         errors.update(e)

@@ -9,6 +9,7 @@ and the ranges of the training graphs (for out-of-distribution warnings).
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import torch
@@ -25,6 +26,19 @@ def save(model, meta: dict, out_dir: str | Path) -> Path:
     atomic_torch_save(model.state_dict(), out / "model.pt")
     atomic_write_json({"format_version": FORMAT_VERSION, **meta}, out / "meta.json")
     return out
+
+
+def prior_calibration(model) -> dict[str, str]:
+    """{calibration section: digest} of the physical prior a model predicts over (``target =
+    "log_ratio_prior"``) or reads as a feature (``prior_feature``); {} for a model without one."""
+    from gnn_ptp import prior
+
+    sections = []
+    if model.cfg.target == "log_ratio_prior" and model.descriptor is not None:
+        sections.append(model.descriptor.curves_section())
+    if model.cfg.prior_feature:
+        sections.append(prior.CURVES_OF.get(model.cfg.prior_feature, model.cfg.prior_feature))
+    return {s: prior.calibration_digest(s) for s in sections if s in prior.calibration()}
 
 
 def load(path: str | Path):
@@ -68,5 +82,11 @@ def load(path: str | Path):
         from gnn_ptp.descriptor import Descriptor
 
         model.descriptor = Descriptor.from_dict(meta["hardware_descriptor"])
+    stored, now = meta.get("prior_calibration") or {}, prior_calibration(model)
+    changed = sorted(s for s in stored if now.get(s) != stored[s])
+    if changed:
+        print(f"warning: checkpoint {path} was trained over the physical prior's '{', '.join(changed)}' "
+              "calibration as it was then; gnn_ptp/prior_calibration.json has been re-fitted since, so its "
+              "predictions shift: retrain it (`gnn-ptp train`)", file=sys.stderr)
     model.eval()
     return model, meta

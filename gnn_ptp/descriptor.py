@@ -86,6 +86,15 @@ class Descriptor:
                         vector_flops_per_s=self.vector_flops_per_s,
                         memory_bandwidth_Bps=self.memory_bandwidth_Bps, source=self.source)
 
+    def curves_section(self) -> str:
+        """The section of prior_calibration.json whose curves ``profile`` uses."""
+        from gnn_ptp import prior
+
+        curves = self.curves or ("cpu" if self.kind == "cpu" else "h100")
+        if self.kind == "cpu" and f"cpu-{self.name}" in prior.calibration():  # this CPU kind's own curves
+            curves = f"cpu-{self.name}"
+        return curves
+
     def profile(self):
         """The physical prior for this hardware: the calibrated curves of its kind (``cpu`` or ``h100``),
         with the calibrated machine's peaks scaled by this descriptor's rates over that machine's
@@ -98,9 +107,7 @@ class Descriptor:
         from gnn_ptp import prior
 
         table = prior.calibration()
-        curves = self.curves or ("cpu" if self.kind == "cpu" else "h100")
-        if self.kind == "cpu" and f"cpu-{self.name}" in table:  # this CPU kind's own measured kernel curves
-            curves = f"cpu-{self.name}"
+        curves = self.curves_section()
         base = "cpu" if curves.startswith("cpu") else curves
         if curves not in table or base not in HARDWARE:
             return prior.Profile(self.hardware(), launch_floor_s=self.launch_floor_s)

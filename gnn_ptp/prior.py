@@ -3,15 +3,19 @@ bytes, dtype and path alone (no learning from step times).
 
 Per node (one kernel of ``graph.to_tensors``)::
 
-    compute_s = FLOPs / (peak(dtype, path) * gemm_curve[dtype](FLOPs))     matmul, conv, attention
-              = FLOPs / (vector_rate * vector_curve(FLOPs))                  everything else
+    compute_s = FLOPs / (peak(dtype, path) * gemm_curve[category, dtype](FLOPs, intensity))
+                                                                     matmul, conv, attention
+              = FLOPs / (vector_rate * vector_curve(FLOPs, intensity))        everything else
     memory_s  = bytes read + written / (bandwidth * memory_curve(bytes))
     seconds   = max(compute_s, memory_s, launch_floor_s)
 
 ``peak(dtype, path)`` is ``Hardware.flops_rate``: tensor-core rates for tf32/fp16/bf16 matmuls on a GPU,
 the CUDA-core rate for strict fp32, the measured GEMM rate per dtype on a CPU. A curve is the fraction
 of the peak a kernel of that size reaches, ``peak_fraction / (1 + (half_size / size) ** slope)``: small
-GEMMs run far below peak, large memory-bound kernels reach ~85-90 % of the bandwidth. The launch floor
+GEMMs run far below peak, large memory-bound kernels reach ~85-90 % of the bandwidth; a curve may also
+ramp with the kernel's arithmetic intensity (FLOPs per byte: thin GEMMs and depthwise convolutions fill
+few tiles). On a GPU fitted to its own profiles the GEMM-like curves are per category (matmul, conv,
+attention) and dtype: cuDNN convolutions and fused attention reach other fractions than cuBLAS GEMMs. The launch floor
 is the least time a kernel costs a PyTorch eager step (host dispatch + launch); a kernel shorter than it
 still costs it, because the host cannot issue kernels faster.
 
@@ -57,16 +61,26 @@ class Curve:
     slope: float = 1.0
     """How fast the ramp rises with size (log-log slope below ``half_size``); negative for a curve that
     falls with size (a CPU: arrays in cache move faster than DRAM)."""
+    intensity_half: float = 0.0
+    """Arithmetic intensity (FLOPs per byte moved) at which a kernel reaches half the fraction its size
+    gives (0: no intensity ramp). A GEMM with a thin side (few channels, a small head) or a depthwise
+    convolution runs its tiles half empty long before it is memory-bound."""
+    intensity_slope: float = 1.0
 
-    def __call__(self, size: torch.Tensor) -> torch.Tensor:
+    def __call__(self, size: torch.Tensor, intensity: torch.Tensor | None = None) -> torch.Tensor:
         size = size.clamp_min(1.0)
         if self.half_size <= 0:
-            return torch.full_like(size, self.peak_fraction)
-        return self.peak_fraction / (1.0 + (self.half_size / size) ** self.slope)
+            out = torch.full_like(size, self.peak_fraction)
+        else:
+            out = self.peak_fraction / (1.0 + (self.half_size / size) ** self.slope)
+        if self.intensity_half > 0 and intensity is not None:
+            out = out / (1.0 + (self.intensity_half / intensity.clamp_min(1e-3)) ** self.intensity_slope)
+        return out
 
     @classmethod
     def from_dict(cls, d: dict) -> "Curve":
-        return cls(float(d["peak_fraction"]), float(d.get("half_size", 0.0)), float(d.get("slope", 1.0)))
+        return cls(float(d["peak_fraction"]), float(d.get("half_size", 0.0)), float(d.get("slope", 1.0)),
+                   float(d.get("intensity_half", 0.0)), float(d.get("intensity_slope", 1.0)))
 
 
 @dataclass(frozen=True)
@@ -75,7 +89,8 @@ class Profile:
 
     hardware: Hardware
     gemm: dict[str, Curve] = field(default_factory=dict)
-    """GEMM-like kernels (matmul, conv, attention) per compute dtype; "default" for the others."""
+    """GEMM-like kernels (matmul, conv, attention) per compute dtype ("bf16"), or per category and dtype
+    ("conv:bf16") where fitted so; "default" for the others (lookup order: ``gemm_curve``)."""
     vector: Curve = Curve()
     """Compute-bound non-GEMM kernels (FLOPs)."""
     memory: Curve = Curve()
@@ -92,8 +107,13 @@ class Profile:
     expected_error: dict = field(default_factory=dict)
     """How far off a step prediction from this profile is expected to be, and how that was derived."""
 
-    def gemm_curve(self, dtype: str) -> Curve:
-        return self.gemm.get(dtype, self.gemm.get("default", Curve()))
+    def gemm_curve(self, dtype: str, category: str = "matmul") -> Curve:
+        """The curve of a GEMM-like kernel: its category's in its dtype, else the dtype's, else the
+        matmul's in that dtype, else "default", else the plain roofline."""
+        for key in (f"{category}:{dtype}", dtype, f"matmul:{dtype}", "default"):
+            if key in self.gemm:
+                return self.gemm[key]
+        return Curve()
 
 
 @lru_cache(maxsize=1)
@@ -102,6 +122,20 @@ def calibration() -> dict:
     if not CALIBRATION_FILE.is_file():
         return {}
     return json.loads(CALIBRATION_FILE.read_text())
+
+
+PREDICTIVE_KEYS = ("gemm", "vector", "memory", "launch_floor_s", "host_issue_s", "host_fixed_s")
+
+
+def calibration_digest(section: str) -> str:
+    """A short hash of what a calibration section predicts with (its curves and host costs, not its
+    provenance or error figures): a checkpoint trained over the prior stores it, so that a later re-fit of
+    the curves under it is noticed (``checkpoint.load``)."""
+    import hashlib
+
+    d = calibration().get(section, {})
+    text = json.dumps({k: d.get(k) for k in PREDICTIVE_KEYS}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def profile_from_dict(hw: Hardware, d: dict) -> Profile:
@@ -134,19 +168,21 @@ def node_seconds(x: torch.Tensor, x_cat: torch.Tensor, profile: Profile) -> torc
     hw = profile.hardware
     flops = _unlog(x[:, 0])
     moved = _unlog(x[:, 1]) + _unlog(x[:, 2])
+    intensity = flops / (moved + 1.0)
     category, dtype = x_cat[:, 1], x_cat[:, 2]
     gemm = torch.zeros_like(category, dtype=torch.bool)
     for c in GEMM_CATEGORIES:
         gemm |= category == c
+    kind = torch.where(gemm, category, torch.full_like(category, -1))  # GEMM-like: by category
     tc = x[:, TC_COLUMN] > 0.5
     rate = torch.empty_like(flops)
     efficiency = torch.empty_like(flops)
-    for (d, g, t) in set(zip(dtype.tolist(), gemm.tolist(), tc.tolist())):
-        rows = (dtype == d) & (gemm == g) & (tc == t)
-        name = ops.DTYPES[d]
+    for (d, k, t) in set(zip(dtype.tolist(), kind.tolist(), tc.tolist())):
+        rows = (dtype == d) & (kind == k) & (tc == t)
+        name, g = ops.DTYPES[d], k >= 0
         rate[rows] = hw.flops_rate(name, t, gemm=g)
-        curve = profile.gemm_curve(name) if g else profile.vector
-        efficiency[rows] = curve(flops[rows])
+        curve = profile.gemm_curve(name, ops.CATEGORIES[k]) if g else profile.vector
+        efficiency[rows] = curve(flops[rows], intensity[rows])
     compute_s = flops / (rate * efficiency)
     memory_s = moved / (hw.memory_bandwidth_Bps * profile.memory(moved))
     return torch.maximum(torch.maximum(compute_s, memory_s),
@@ -203,20 +239,44 @@ def optimizer_issues(device_s: torch.Tensor, grad_bytes: torch.Tensor | None) ->
     return torch.full((tensors,), float(device_s.sum()) / tensors, dtype=torch.float64)
 
 
+def phase_after(device_s: torch.Tensor, host_s: float, fixed_s: float, lag_s: float) -> tuple[float, float]:
+    """One phase of a step as the host issues it: (its ms, the GPU's lag behind the host at its end, s).
+
+    The phase starts when the GPU reaches the previous phase's end event, ``lag_s`` after the host recorded
+    it (the GPU was still busy). The host spends ``fixed_s`` (autograd's start, Python), then issues kernel
+    k at ``fixed_s + k * host_s``; the GPU runs each once issued and free. The phase lasts
+    ``max(sum t, fixed + max_k(k * host + sum_{j>=k} t_j) - lag)``: a GPU that is still busy hides the host's
+    issuing, a host-bound phase shows it."""
+    if device_s.numel() == 0:
+        return 0.0, lag_s
+    queued = float(queue_ms_grid(device_s, torch.tensor([host_s], dtype=torch.float64))[0]) * 1e-3
+    phase = max(float(device_s.sum()), fixed_s + queued - lag_s)
+    return phase * 1e3, lag_s + phase - (fixed_s + device_s.numel() * host_s)
+
+
+STEADY_PASSES = 2
+"""Steps run back to back without a synchronisation: the GPU's lag at the end of one step's optimizer is
+the lag the next forward starts with. Two passes (from lag 0, then from the first pass's end) reach it."""
+
+
 def graph_phase_ms(seconds: torch.Tensor, phase: torch.Tensor, profile: Profile,
                    grad_bytes: torch.Tensor | None = None) -> torch.Tensor:
     """[forward, backward, optimizer] ms of one graph's per-node device seconds (in graph order): where the
-    profile has host costs, per phase a launch queue (``queue_ms``) plus the phase's fixed host time; else
-    the sum."""
+    profile has host costs, the step is one launch queue through its three phases (``phase_after``: the
+    GPU's lag carries from phase to phase, and from one step to the next); else the sums."""
     if not profile.host_issue_s:
         return torch.zeros(3, dtype=torch.float64).index_add(0, phase, seconds) * 1e3
     fixed = profile.host_fixed_s or (0.0, 0.0, 0.0)
-    out = []
+    devices = []
     for p in range(3):
         device = seconds[phase == p]
-        if p == 2:
-            device = optimizer_issues(device, grad_bytes)
-        out.append(queue_ms(device, profile.host_issue_s[p]) + (fixed[p] * 1e3 if device.numel() else 0.0))
+        devices.append(optimizer_issues(device, grad_bytes) if p == 2 else device)
+    lag = 0.0
+    for _ in range(STEADY_PASSES):
+        out = []
+        for p in range(3):
+            ms, lag = phase_after(devices[p], profile.host_issue_s[p], fixed[p], lag)
+            out.append(ms)
     return torch.tensor(out, dtype=torch.float64)
 
 

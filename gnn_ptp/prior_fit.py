@@ -88,14 +88,24 @@ def kernel_rows(samples: list, node_seconds: dict[str, list[torch.Tensor]]) -> K
 # --- stage 1: device curves --------------------------------------------------------------------------------
 
 
-def _curve_t(p: torch.Tensor, size: torch.Tensor) -> torch.Tensor:
-    return torch.exp(p[0]) / (1 + (torch.exp(p[1]) / size.clamp_min(1.0)) ** torch.exp(p[2]))
+def _curve_t(p: torch.Tensor, size: torch.Tensor, intensity: torch.Tensor | None = None) -> torch.Tensor:
+    """A ``prior.Curve`` from raw parameters: logit of the peak fraction (a kernel cannot beat the
+    hardware's peak), log half size, log slope[, log intensity half, log intensity slope]."""
+    out = torch.sigmoid(p[0]) / (1 + (torch.exp(p[1]) / size.clamp_min(1.0)) ** torch.exp(p[2]))
+    if intensity is not None and p.numel() > 3:
+        out = out / (1 + (torch.exp(p[3]) / intensity.clamp_min(1e-3)) ** torch.exp(p[4]))
+    return out
 
 
-def _groups(rows: KernelRows) -> list[str]:
-    """The curve each row's compute time uses: its dtype for GEMM-like kernels, "vector" otherwise."""
-    return [(d if d in GEMM_DTYPES else "vector") if g else "vector"
-            for d, g in zip(rows.dtype, rows.gemm.tolist())]
+def _intensity(rows: KernelRows) -> torch.Tensor:
+    return rows.flops / (rows.moved + 1.0)  # as prior.node_seconds computes it
+
+
+def _groups(rows: KernelRows, by_category: bool = True) -> list[str]:
+    """The curve each row's compute time uses: "<category>:<dtype>" (or its dtype alone) for GEMM-like
+    kernels, "vector" otherwise."""
+    return [("vector" if d not in GEMM_DTYPES else f"{c}:{d}" if by_category else d) if g else "vector"
+            for d, g, c in zip(rows.dtype, rows.gemm.tolist(), rows.category)]
 
 
 def _rates(rows: KernelRows, hw: Hardware) -> torch.Tensor:
@@ -110,8 +120,10 @@ def _masks(groups: list[str]) -> dict[str, torch.Tensor]:
 
 def _device_seconds(params: dict, rows: KernelRows, hw: Hardware, masks: dict, rates: torch.Tensor):
     compute = torch.zeros_like(rows.seconds)
+    intensity = _intensity(rows)
     for name, m in masks.items():
-        compute = compute.masked_scatter(m, rows.flops[m] / (rates[m] * _curve_t(params[name], rows.flops[m])))
+        eff = _curve_t(params[name], rows.flops[m], intensity[m])
+        compute = compute.masked_scatter(m, rows.flops[m] / (rates[m] * eff))
     memory = rows.moved / (hw.memory_bandwidth_Bps * _curve_t(params["memory"], rows.moved))
     floor = torch.exp(params["floor"]).expand_as(compute)
     # a smooth max keeps the gradient alive for the term that is not (yet) the largest
@@ -119,15 +131,25 @@ def _device_seconds(params: dict, rows: KernelRows, hw: Hardware, masks: dict, r
     return torch.logsumexp(terms * 8, 0).div(8).exp()
 
 
-def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500) -> dict:
-    """Curves (``prior.Curve`` dicts) for GEMM-like kernels per dtype, other compute ("vector"), memory
-    traffic, and the device floor in seconds, fitted to ``rows``."""
-    groups = _groups(rows)
+MIN_GROUP_ROWS = 50
+"""A (category, dtype) curve needs this many kernels; fewer are fitted with their dtype's pooled curve."""
+
+
+def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: bool = True,
+               intensity: bool = True) -> dict:
+    """Curves (``prior.Curve`` dicts) for GEMM-like kernels per category and dtype (``by_category``; else
+    per dtype), other compute ("vector"), memory traffic, and the device floor in seconds, fitted to
+    ``rows``. With ``intensity`` the compute curves also ramp with arithmetic intensity."""
+    groups = _groups(rows, by_category)
+    counts = {g: groups.count(g) for g in set(groups)}
+    groups = [g.split(":")[1] if ":" in g and counts[g] < MIN_GROUP_ROWS else g for g in groups]
     rates = _rates(rows, hw)
     masks = _masks(groups)
     names = sorted(masks)
-    init = {n: [math.log(0.6), math.log(1e9 if n != "vector" else 1e7), 0.0] for n in names}
-    init["memory"] = [math.log(0.8), math.log(1e6), 0.0]
+    extra = [math.log(10.0), 0.0] if intensity else []
+    logit = lambda f: math.log(f / (1 - f))  # noqa: E731
+    init = {n: [logit(0.6), math.log(1e9 if n != "vector" else 1e7), 0.0] + extra for n in names}
+    init["memory"] = [logit(0.8), math.log(1e6), 0.0]
     params = {n: torch.tensor(v, dtype=torch.float64, requires_grad=True) for n, v in init.items()}
     params["floor"] = torch.tensor(math.log(3e-6), dtype=torch.float64, requires_grad=True)
     opt = torch.optim.Adam(list(params.values()), lr=0.03)
@@ -142,8 +164,11 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500) -> dict:
         opt.step()
     with torch.no_grad():
         def curve(p):
-            return {"peak_fraction": float(torch.exp(p[0])), "half_size": float(torch.exp(p[1])),
-                    "slope": float(torch.exp(p[2]))}
+            p = [float(v) for v in p]
+            out = {"peak_fraction": 1 / (1 + math.exp(-p[0])), "half_size": math.exp(p[1]), "slope": math.exp(p[2])}
+            if len(p) > 3:
+                out.update(intensity_half=math.exp(p[3]), intensity_slope=math.exp(p[4]))
+            return out
         gemm = {n: curve(params[n]) for n in names if n != "vector"}
         out = {"gemm": gemm, "memory": curve(params["memory"]),
                "vector": curve(params["vector"]) if "vector" in params else {"peak_fraction": 1.0},
@@ -182,9 +207,14 @@ def _prior_seconds(rows: KernelRows, profile: prior.Profile) -> torch.Tensor:
     hw = profile.hardware
     rates = _rates(rows, hw)
     eff = torch.empty_like(rows.seconds)
+    intensity = _intensity(rows)
     for name, m in _masks(_groups(rows)).items():
-        curve = profile.vector if name == "vector" else profile.gemm_curve(name)
-        eff[m] = curve(rows.flops[m])
+        if name == "vector":
+            curve = profile.vector
+        else:
+            category, dtype = name.split(":")
+            curve = profile.gemm_curve(dtype, category)
+        eff[m] = curve(rows.flops[m], intensity[m])
     compute = rows.flops / (rates * eff)
     memory = rows.moved / (hw.memory_bandwidth_Bps * profile.memory(rows.moved))
     return torch.maximum(torch.maximum(compute, memory), torch.full_like(compute, profile.launch_floor_s))
@@ -195,42 +225,53 @@ def _prior_seconds(rows: KernelRows, profile: prior.Profile) -> torch.Tensor:
 
 def fit_host(samples: list, profile: prior.Profile, per_kernel_us=None, per_phase_us=None) -> tuple[list, list, dict]:
     """Per phase, the host cost per issued kernel and the fixed host cost of the phase (seconds) that
-    minimise the mean absolute log error of ``prior.queue_ms(...) + fixed`` against the measured phase
-    medians of ``samples``. The optimizer's kernels are counted as the step's parameter tensors (the
-    backward kernels that finalise a gradient): a foreach kernel is one graph node but its host work
+    minimise the mean absolute log error of the launch queue (``prior.phase_after``) against the measured
+    phase medians of ``samples``. The phases are fitted in order, each with the GPU's lag the fitted
+    earlier phases leave (the forward first from lag 0, then again from the steady-state lag at the end of
+    a step, ``prior.STEADY_PASSES``). The optimizer's kernels are counted as the step's parameter tensors
+    (the backward kernels that finalise a gradient): a foreach kernel is one graph node but its host work
     (and PyTorch's per-parameter bookkeeping) grows with the tensor count."""
     per_kernel = torch.tensor(np.arange(0.0, 150.01, 0.5) if per_kernel_us is None else per_kernel_us,
                               dtype=torch.float64) * 1e-6
     fixed = torch.tensor(np.arange(0.0, 3000.01, 25.0) if per_phase_us is None else per_phase_us,
                          dtype=torch.float64) * 1e-6
-    curves = [[] for _ in prior.PHASE_NAMES]  # per phase: ([H] queue ms, measured ms)
+    phases = len(prior.PHASE_NAMES)
+    rows = []  # per sample: per phase (queue seconds [H], device sum s, kernels, measured s)
     for s in samples:
         t = prior.node_seconds(s.x, s.x_cat, profile)
-        measured = s.y[0].double().exp()
-        for p in range(len(prior.PHASE_NAMES)):
-            m = s.phase == p
-            if not bool(m.any()) or float(measured[p]) <= 0:
-                continue
-            device = t[m]
+        measured = s.y[0].double().exp() * 1e-3
+        row = []
+        for p in range(phases):
+            device = t[s.phase == p]
             if p == prior.PHASE_NAMES.index("optimizer"):
                 device = prior.optimizer_issues(device, getattr(s, "grad_bytes", None))
-            curves[p].append((prior.queue_ms_grid(device, per_kernel), float(measured[p])))
-    host, base, report = [], [], {}
-    for p, name in enumerate(prior.PHASE_NAMES):
-        if not curves[p]:
-            host.append(0.0)
-            base.append(0.0)
-            continue
-        queue = torch.stack([q for q, _ in curves[p]])  # [S, H]
-        meas = torch.tensor([m for _, m in curves[p]], dtype=torch.float64)
-        pred = queue[:, :, None] + fixed[None, None, :] * 1e3  # [S, H, F]
-        err = (pred.log() - meas.log()[:, None, None]).abs().mean(0)
-        flat = int(err.argmin())
-        hi, fi = divmod(flat, err.shape[1])
-        host.append(float(per_kernel[hi]))
-        base.append(float(fixed[fi]))
-        report[name] = {"host_us_per_kernel": float(per_kernel[hi]) * 1e6, "fixed_us": float(fixed[fi]) * 1e6,
-                        "mean_abs_log_error": float(err[hi, fi]), "n": len(curves[p])}
+            row.append((prior.queue_ms_grid(device, per_kernel) * 1e-3, float(device.sum()), device.numel(),
+                        float(measured[p])))
+        rows.append(row)
+    host, base, report = [0.0] * phases, [0.0] * phases, {}
+    lag_start = torch.zeros(len(rows), dtype=torch.float64)
+    for _ in range(prior.STEADY_PASSES):
+        lag = lag_start.clone()
+        for p, name in enumerate(prior.PHASE_NAMES):
+            keep = [i for i, r in enumerate(rows) if r[p][2] and r[p][3] > 0]
+            if keep:
+                queue = torch.stack([rows[i][p][0] for i in keep])  # [S, H] seconds
+                total = torch.tensor([rows[i][p][1] for i in keep], dtype=torch.float64)
+                meas = torch.tensor([rows[i][p][3] for i in keep], dtype=torch.float64)
+                pred = torch.maximum(total[:, None, None],
+                                     fixed[None, None, :] + queue[:, :, None] - lag[keep][:, None, None])
+                err = (pred.log() - meas.log()[:, None, None]).abs().mean(0)
+                hi, fi = divmod(int(err.argmin()), err.shape[1])
+                host[p], base[p] = float(per_kernel[hi]), float(fixed[fi])
+                report[name] = {"host_us_per_kernel": host[p] * 1e6, "fixed_us": base[p] * 1e6,
+                                "mean_abs_log_error": float(err[hi, fi]), "n": len(keep)}
+            for i, r in enumerate(rows):  # the lag this phase leaves, with its fitted costs
+                queued, total, n, _ = r[p]
+                if n:
+                    hi = int(torch.argmin((per_kernel - host[p]).abs()))
+                    phase_s = max(total, base[p] + float(queued[hi]) - float(lag[i]))
+                    lag[i] = lag[i] + phase_s - (base[p] + n * host[p])
+        lag_start = lag
     return host, base, report
 
 
@@ -250,3 +291,56 @@ def step_errors(samples: list, profile: prior.Profile) -> dict:
         values = np.array([getattr(s, attr) for s in samples])
         out[key] = {v: summary(values == v) for v in sorted(set(values))}
     return out
+
+
+# --- leave one family out ------------------------------------------------------------------------------------
+
+
+def subsample(rows: KernelRows, limit: int, seed: int = 0) -> KernelRows:
+    """At most ``limit`` rows, drawn uniformly with a fixed seed (the device fit's cost grows with rows)."""
+    if len(rows) <= limit:
+        return rows
+    keep = torch.randperm(len(rows), generator=torch.Generator().manual_seed(seed))[:limit].sort().values
+    pick = keep.tolist()
+    return KernelRows(rows.flops[keep], rows.moved[keep], [rows.dtype[i] for i in pick], rows.gemm[keep],
+                      rows.tensor_core[keep], [rows.category[i] for i in pick], [rows.family[i] for i in pick],
+                      rows.seconds[keep])
+
+
+def fit(samples: list, node_seconds: dict, hw: Hardware, max_rows: int | None = None, **device_kw):
+    """Both stages on ``samples``: (fitted device curves, profile with host costs, host report)."""
+    rows = kernel_rows(samples, node_seconds)
+    if max_rows:
+        rows = subsample(rows, max_rows)
+    fitted = fit_device(rows, hw, **device_kw)
+    host, fixed, report = fit_host(samples, device_profile(hw, fitted))
+    return fitted, device_profile(hw, fitted, host, fixed), report
+
+
+def leave_one_family_out(samples: list, node_seconds: dict, hw: Hardware, max_rows: int = 80_000,
+                         log=None, **device_kw) -> dict:
+    """Each family's steps predicted by a prior fitted (kernels and host costs) to every other family:
+    per family the ``step_errors`` summary, and over all steps (each predicted once, by the fit that never
+    saw its family) the same summary with the mean and worst family MAPE."""
+    families = sorted({s.family for s in samples})
+    per_family, pred, true, precision = {}, [], [], []
+    for f in families:
+        train = [s for s in samples if s.family != f]
+        test = [s for s in samples if s.family == f]
+        _, profile, _ = fit(train, node_seconds, hw, max_rows=max_rows, **device_kw)
+        per_family[f] = step_errors(test, profile)["all"]
+        pred += [float(prior.phase_ms(s, profile)[3]) for s in test]
+        true += [float(s.y[0, 3].double().exp()) for s in test]
+        precision += [s.precision for s in test]
+        if log:
+            log(f"  {f:<20} {per_family[f]['mape']:5.1f}%  (n {per_family[f]['n']})")
+    pred, true, precision = np.array(pred), np.array(true), np.array(precision)
+    ape = np.abs(pred / true - 1) * 100
+    mapes = [v["mape"] for v in per_family.values()]
+    worst = max(per_family, key=lambda f: per_family[f]["mape"])
+    return {"all": {"n": int(len(ape)), "mape": float(ape.mean()), "median_ape": float(np.median(ape)),
+                    "ratio_median": float(np.median(pred / true))},
+            "family_mean_mape": float(np.mean(mapes)), "worst_family": worst,
+            "worst_family_mape": per_family[worst]["mape"], "by_family": per_family,
+            "by_precision": {p: float(ape[precision == p].mean()) for p in sorted(set(precision))},
+            "max_rows": max_rows}

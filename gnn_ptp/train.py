@@ -301,6 +301,7 @@ def train(cfg: TrainConfig, data_dir: str | Path, out: str | Path | None, logger
             "data_dir": str(data_dir), "created": now_utc(), "torch": torch.__version__,
             "torch_geometric": torch_geometric.__version__, "train_ranges": train_ranges(parts["train"]),
             **({"hardware_descriptor": model.descriptor.to_dict()} if model.descriptor is not None else {}),
+            **({"prior_calibration": checkpoint.prior_calibration(model)} if checkpoint.prior_calibration(model) else {}),
             **summary,
         }
         summary["checkpoint"] = str(checkpoint.save(model, meta, out))

@@ -44,21 +44,40 @@ def _nodes(rows: list[dict]) -> dict:
     return {"x": x, "x_cat": x_cat, "phase": x_cat[:, 3].clone()}
 
 
-def _efficiency(curve: dict, size: float) -> float:
-    return curve["peak_fraction"] / (1 + (curve.get("half_size", 0) / size) ** curve.get("slope", 1.0))
+def _efficiency(curve: dict, size: float, intensity: float | None = None) -> float:
+    out = curve["peak_fraction"] / (1 + (curve.get("half_size", 0) / size) ** curve.get("slope", 1.0))
+    if intensity is not None and curve.get("intensity_half"):
+        out /= 1 + (curve["intensity_half"] / intensity) ** curve.get("intensity_slope", 1.0)
+    return out
+
+
+def _gemm(dtype: str) -> dict:
+    gemm = TABLE["h100"]["gemm"]
+    return gemm.get(f"matmul:{dtype}", gemm.get(dtype))
 
 
 def test_the_shipped_calibration_names_its_sources_and_held_out_families():
     assert {"h100", "cpu"} <= set(TABLE)
     h100 = TABLE["h100"]
-    assert "--profiles" in h100["source"] and h100["fit_families"]
-    held = h100["errors"]["steps_held_out"]
-    assert held["all"]["n"] >= 100 and not set(held["by_family"]) & set(h100["fit_families"])
+    assert "--profiles" in h100["source"] and "--lofo" in h100["source"] and h100["fit_families"]
+    lofo = h100["errors"]["lofo"]  # every family fitted, and every family judged by a fit without it
+    assert lofo["all"]["n"] >= 100 and set(h100["fit_families"]) < set(lofo["by_family"])
+    assert lofo["worst_family_mape"] == max(v["mape"] for v in lofo["by_family"].values())
+    import tomllib
+    from pathlib import Path
+
+    split = tomllib.loads((Path(__file__).parent.parent / "training" / "h200.toml").read_text())
+    # the H200 checkpoint is a residual over this prior: its test families must be unseen by both
+    assert split["test_families"] and not set(split["test_families"]) & set(h100["fit_families"])
     assert len(h100["host_issue_s"]) == 3 and all(0 < h < 1e-3 for h in h100["host_issue_s"])
     assert "held-out" in h100["expected_error"]["summary"] or "never saw" in h100["expected_error"]["summary"]
     assert "NeuSight" in TABLE["h100-neusight"]["source"]  # the earlier public-kernel fit, kept to compare
+    big, thin = torch.tensor([1e13], dtype=torch.float64), torch.tensor([10.0], dtype=torch.float64)
     for dtype in ("fp32", "tf32", "fp16", "bf16"):
-        assert 0.2 < H100.gemm_curve(dtype)(torch.tensor([1e13], dtype=torch.float64)).item() <= 1.0
+        for category in ("matmul", "conv", "attention"):
+            curve = H100.gemm_curve(dtype, category)
+            assert 0.1 < curve(big, torch.tensor([2000.0], dtype=torch.float64)).item() <= 1.0
+            assert curve(big, thin).item() <= curve(big).item()  # a thin kernel never beats a square one
 
 
 @pytest.mark.parametrize("dtype,tc,flops", [("bf16", True, 2.0 * 8192**3), ("tf32", True, 2.0 * 512**3),
@@ -68,7 +87,7 @@ def test_a_single_gemm_node_takes_the_closed_form_time(dtype, tc, flops):
     g = _nodes([{"flops": flops, "bytes": moved, "dtype": dtype, "tc": tc}])
     got = prior.node_seconds(g["x"], g["x_cat"], H100)
     cal = TABLE["h100"]
-    compute = flops / (HARDWARE["h100"].flops_per_s[dtype] * _efficiency(cal["gemm"][dtype], flops))
+    compute = flops / (HARDWARE["h100"].flops_per_s[dtype] * _efficiency(_gemm(dtype), flops, flops / (moved + 1)))
     memory = moved / (3.35e12 * _efficiency(cal["memory"], moved))
     want = max(compute, memory, cal["launch_floor_s"])
     assert got.item() == pytest.approx(want, rel=1e-5)
@@ -92,6 +111,41 @@ def test_a_launch_queue_is_gpu_bound_for_long_kernels_and_host_bound_for_short_o
     assert prior.queue_ms(mixed, 50e-6) == pytest.approx((3 * 50e-6 + 2e-3 + 1e-6) * 1e3)
 
 
+def test_a_busy_gpu_hides_the_hosts_issuing_from_phase_to_phase_and_step_to_step():
+    profile = dataclasses.replace(H100, host_issue_s=(50e-6, 50e-6, 50e-6), host_fixed_s=(100e-6, 100e-6, 100e-6))
+    phase = torch.tensor([0, 1, 2, 2, 2])
+    # one long forward kernel, then tiny ones: the host issues the backward and optimizer while the GPU is
+    # still in the forward, so both phases last their kernels alone
+    busy = torch.tensor([10e-3, 1e-6, 1e-6, 1e-6, 1e-6], dtype=torch.float64)
+    assert prior.graph_phase_ms(busy, phase, profile).tolist() == pytest.approx([10.0, 1e-3, 3e-3])
+    # all tiny: host-bound, each phase its fixed cost and issues (the lag left is one tiny kernel)
+    idle = torch.full((5,), 1e-6, dtype=torch.float64)
+    assert prior.graph_phase_ms(idle, phase, profile).tolist() == pytest.approx([0.15, 0.15, 0.25], rel=1e-9)
+    ms, lag = prior.phase_after(idle[2:], 50e-6, 100e-6, 0.0)
+    assert ms == pytest.approx(0.251) and lag == pytest.approx(1e-6)
+    ms, lag = prior.phase_after(idle[2:], 50e-6, 100e-6, 1e-3)  # behind a GPU 1 ms busy: its kernels alone
+    assert ms == pytest.approx(3e-3) and lag == pytest.approx(1e-3 + 3e-6 - 250e-6)
+
+
+def test_gemm_like_kernels_take_their_categorys_curve_and_the_intensity_ramp():
+    curves = {"matmul:bf16": prior.Curve(0.8), "conv:bf16": prior.Curve(0.4, intensity_half=100.0),
+              "fp32": prior.Curve(0.5)}
+    profile = prior.Profile(HARDWARE["h100"], gemm=curves)
+    assert profile.gemm_curve("bf16", "conv") is curves["conv:bf16"]
+    assert profile.gemm_curve("bf16", "attention") is curves["matmul:bf16"]  # no own curve, no dtype curve
+    assert profile.gemm_curve("fp32", "conv") is curves["fp32"]
+    assert profile.gemm_curve("fp16", "matmul") == prior.Curve()  # nothing for fp16: the plain roofline
+    size = torch.tensor([1e12], dtype=torch.float64)
+    assert curves["conv:bf16"](size).item() == pytest.approx(0.4)  # no intensity given: the size curve
+    assert curves["conv:bf16"](size, torch.tensor([100.0], dtype=torch.float64)).item() == pytest.approx(0.2)
+    flops, moved = 2.0 * 4096**3, 3 * 2 * 4096.0**2  # intensity ~ 1365 FLOP/B
+    g = _nodes([{"flops": flops, "bytes": moved, "dtype": "bf16", "tc": True, "category": c}
+                for c in ("matmul", "conv")])
+    t = prior.node_seconds(g["x"], g["x_cat"], profile)
+    ramp = 1 / (1 + 100.0 / (flops / (moved + 1)))
+    assert (t[1] / t[0]).item() == pytest.approx(0.8 / (0.4 * ramp), rel=1e-3)
+
+
 def test_cpu_fp32_matmuls_run_at_the_measured_gemm_rate_not_the_elementwise_rate():
     node = _nodes([{"flops": 2.0 * 1024**3, "bytes": 3 * 4 * 1024.0**2, "dtype": "fp32"}])
     cpu_s = prior.node_seconds(node["x"], node["x_cat"], CPU).item()
@@ -106,7 +160,7 @@ def test_cpu_fp32_matmuls_run_at_the_measured_gemm_rate_not_the_elementwise_rate
 def test_phase_sums_and_log_node_ms_agree_without_host_costs_and_queue_with_them():
     g = _nodes([{"flops": 2.0 * 1024**3, "bytes": 1e7, "dtype": "bf16", "tc": True, "phase": 0},
                 {"flops": 1e6, "bytes": 1e8, "dtype": "fp32", "category": "elementwise", "phase": 1},
-                {"flops": 1e7, "bytes": 1e9, "dtype": "fp32", "category": "optimizer", "phase": 2},
+                {"flops": 1e5, "bytes": 1e6, "dtype": "fp32", "category": "optimizer", "phase": 2},
                 {"flops": 1e3, "bytes": 1e3, "dtype": "fp32", "category": "elementwise", "phase": 2}])
     plain = dataclasses.replace(H100, host_issue_s=None, host_fixed_s=None)
     ms = prior.phase_ms(g, plain)
@@ -117,8 +171,11 @@ def test_phase_sums_and_log_node_ms_agree_without_host_costs_and_queue_with_them
     queued = prior.phase_ms(g, H100)
     t = prior.node_seconds(g["x"], g["x_cat"], H100)
     host, fixed = H100.host_issue_s, H100.host_fixed_s
-    assert queued[0] == pytest.approx((host[0] + t[0].item() + fixed[0]) * 1e3, rel=1e-6)
-    want_opt = max(host[2] + t[2].item() + t[3].item(), 2 * host[2] + t[3].item()) + fixed[2]
+    # tiny kernels: every phase host-bound, and the GPU's lag at the end of a phase is its last kernel
+    lag = t[3].item()  # the previous step's optimizer leaves its last kernel running
+    want_fwd = fixed[0] + host[0] + t[0].item() - lag
+    assert queued[0] == pytest.approx(want_fwd * 1e3, rel=1e-6)
+    want_opt = fixed[2] + max(host[2] + t[2].item() + t[3].item(), 2 * host[2] + t[3].item()) - t[1].item()
     assert queued[2] == pytest.approx(want_opt * 1e3, rel=1e-6)
     # per-node times for a queue profile: at least the host issue cost of their phase
     issue = prior.log_node_ms(g, H100).double().exp()
@@ -146,7 +203,8 @@ def test_a_matmul_bound_step_is_faster_in_bf16_than_tf32_and_fp32_by_about_the_r
     assert all(p.source == "analytic-prior" for p in rows.values())
     fwd = {k: p.forward_ms for k, p in rows.items()}
     rates = HARDWARE["h100"].flops_per_s
-    eff = {d: H100.gemm_curve(d)(torch.tensor([2.0 * 32768 * 4096**2], dtype=torch.float64)).item()
+    flops = 2.0 * 32768 * 4096**2
+    eff = {d: _efficiency(_gemm(d), flops, flops / ((2 * 32768 * 4096 + 4096**2) * (2 if d == "bf16" else 4)))
            for d in ("fp32", "tf32", "bf16")}
     # the forward is two 1.1 TFLOP GEMMs plus small element-wise kernels and the host's issue costs: within
     # 15 % of the GEMM ratio
@@ -161,7 +219,8 @@ def test_analytic_step_time_grows_with_batch_size(no_h100_checkpoint):
     times = [predict_mod.predict_many(MLP, ["amp-bf16"], b, overrides=["in_features=4096", "hidden=8192"],
                                       use_disk_cache=False)[0] for b in (64, 512, 4096, 32768)]
     compute = [p.forward_ms + p.backward_ms for p in times]
-    assert compute == sorted(compute) and compute[-1] > 4 * compute[1]
+    assert all(b >= a * (1 - 1e-6) for a, b in zip(compute, compute[1:]))  # host-bound small batches tie
+    assert compute[-1] > 4 * compute[1]
 
 
 def test_a_checkpoint_still_wins_over_the_prior(monkeypatch, tmp_path):

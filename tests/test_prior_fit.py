@@ -97,3 +97,25 @@ def test_optimizer_issues_count_parameter_tensors_not_foreach_nodes():
     spread = prior.optimizer_issues(device, grads)
     assert spread.numel() == 5 and spread.sum().item() == pytest.approx(3e-3)
     assert torch.equal(prior.optimizer_issues(device, None), device)
+
+
+def test_leave_one_family_out_scores_each_family_with_a_fit_that_never_saw_it():
+    truth = dataclasses.replace(prior.profile_from_dict(H200, {**TRUE, "memory": {"peak_fraction": 0.8}}),
+                                host_issue_s=(40e-6, 60e-6, 20e-6), host_fixed_s=(300e-6, 200e-6, 100e-6))
+    samples, seconds = [], {}
+    for family, scale in (("a", 1.0), ("b", 2.0), ("c", 0.5)):
+        for n, t in ((10, 1e-6), (50, 2e-6), (200, 5e-6), (30, 400e-6), (80, 100e-6)):
+            s = _sample(n, t * scale, family)
+            s.key = f"{family}-{n}"
+            s.y = torch.tensor([[math.log(v) for v in prior.phase_ms(s, truth)]], dtype=torch.float32)
+            seconds[s.key] = [prior.node_seconds(s.x, s.x_cat, truth)]
+            samples.append(s)
+    out = prior_fit.leave_one_family_out(samples, seconds, H200, by_category=False, intensity=False)
+    assert set(out["by_family"]) == {"a", "b", "c"} and out["all"]["n"] == len(samples)
+    assert out["all"]["mape"] < 3 and out["worst_family_mape"] < 5  # each family's kernels are made alike
+    # a family whose steps the others cannot explain shows up as the worst
+    for s in samples:
+        if s.family == "c":
+            s.y = s.y + math.log(1.5)
+    skewed = prior_fit.leave_one_family_out(samples, seconds, H200, by_category=False, intensity=False)
+    assert skewed["worst_family"] == "c" and skewed["worst_family_mape"] > 20

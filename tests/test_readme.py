@@ -299,6 +299,12 @@ def test_the_readme_s_held_out_figure_is_the_shipped_checkpoint_s_on_the_data_it
     row = next(line for line in printed if line.startswith("gnn (precision-aware)"))
     assert row.split()[2] == f"{meta['metrics']['test']['overall']['mape']:.1f}%"
     assert int(row.split()[-1]) == meta["metrics"]["test"]["overall"]["n"]
+    from gnn_ptp import checkpoint
+
+    model, _ = checkpoint.load(REPO / "checkpoints" / hardware)
+    # a checkpoint over the physical prior: the calibration it was trained over is the shipped one
+    assert meta.get("prior_calibration", {}) == checkpoint.prior_calibration(model)
+    assert bool(meta.get("prior_calibration")) == (meta["model"]["target"] == "log_ratio_prior")
     current = dataset.data_hash(dataset.measured_configs(REPO / "datasets" / hardware))
     assert current == meta["data_hash"], (f"datasets/{hardware} changed since checkpoints/{hardware} was trained: "
                                           "retrain, re-evaluate")

@@ -183,6 +183,23 @@ def test_checkpoint_from_another_feature_version_is_refused(synthetic_dir, tmp_p
         checkpoint.load(out)
 
 
+def test_a_checkpoint_over_the_prior_notices_a_re_fitted_calibration(synthetic_dir, tmp_path, monkeypatch, capsys):
+    from gnn_ptp import prior
+
+    over_prior = dataclasses.replace(SMALL, model=dataclasses.replace(SMALL.model, target="log_ratio_prior"))
+    out = tmp_path / "ckpt"
+    train(over_prior, synthetic_dir, out, log=_quiet())
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["prior_calibration"] == {"cpu": prior.calibration_digest("cpu")}
+    checkpoint.load(out)
+    assert "re-fitted" not in capsys.readouterr().err
+    table = json.loads(json.dumps(prior.calibration()))
+    table["cpu"]["launch_floor_s"] *= 2  # a re-fit of the curves the checkpoint was trained over
+    monkeypatch.setattr(prior, "calibration", lambda: table)
+    checkpoint.load(out)
+    assert "'cpu' calibration as it was then" in capsys.readouterr().err
+
+
 def test_missing_checkpoint_is_a_user_error(tmp_path):
     with pytest.raises(UserError, match="no checkpoint at"):
         checkpoint.load(tmp_path / "nothing-here")
