@@ -224,7 +224,8 @@ def attach(samples: list, descriptors: list[Descriptor]) -> None:
         if d.name not in profiles:
             profiles[d.name] = d.profile()
         s.hw = d.features()
-        s.prior_log_ms = prior.log_node_ms({"x": s.x, "x_cat": s.x_cat, "phase": s.phase}, profiles[d.name])
+        s.prior_log_ms = prior.log_node_ms({"x": s.x, "x_cat": s.x_cat, "phase": s.phase,
+                                            "grad_bytes": getattr(s, "grad_bytes", None)}, profiles[d.name])
         s.hardware_name = d.name
         _by_name[d.name] = d
 

@@ -164,7 +164,9 @@ class StepTimeGNN(nn.Module):
             from gnn_ptp import prior
 
             profile = prior.get_profile(self.cfg.prior_feature)
-            numeric.append(prior.log_node_ms({"x": data.x, "x_cat": x_cat, "phase": data.phase}, profile).to(data.x)[:, None])
+            numeric.append(prior.log_node_ms({"x": data.x, "x_cat": x_cat, "phase": data.phase,
+                                              "grad_bytes": getattr(data, "grad_bytes", None),
+                                              "batch": batch}, profile).to(data.x)[:, None])
         h = self.node_in(torch.cat([self.op_embed(x_cat[:, 0]), self.cat_embed(x_cat[:, 1]),
                                     self.dtype_embed(x_cat[:, 2]), self.phase_embed(x_cat[:, 3]),
                                     *numeric], dim=-1))
@@ -193,8 +195,9 @@ class StepTimeGNN(nn.Module):
             return self.descriptor.features().expand(int(data.u.shape[0]), -1)
         from gnn_ptp import prior
 
-        return prior.log_node_ms({"x": data.x, "x_cat": data.x_cat, "phase": data.phase},
-                                 self.descriptor.profile()).to(data.x)
+        return prior.log_node_ms({"x": data.x, "x_cat": data.x_cat, "phase": data.phase,
+                                  "grad_bytes": getattr(data, "grad_bytes", None),
+                                  "batch": getattr(data, "batch", None)}, self.descriptor.profile()).to(data.x)
 
     def forward(self, data) -> dict[str, torch.Tensor]:
         """Returns ``log_phase_ms`` [G, 3] (forward, backward, optimizer), ``log_memory`` [G] and, for

@@ -20,11 +20,13 @@ is the least time a kernel costs a PyTorch eager step (host dispatch + launch); 
 still costs it, because the host cannot issue kernels faster.
 
 The curves are fitted per hardware by ``benchmarks/calibrate_prior.py`` into
-``gnn_ptp/prior_calibration.json`` (H100: NeuSight's public per-kernel H100 GEMM timings; CPU: measured
-on this machine). H200 and A100 use the H100 curves with their own datasheet rates; any other
-``Hardware`` (tests) gets ideal curves: the plain roofline.
+``gnn_ptp/prior_calibration.json`` (section ``h100``: the H200 harvest's profiled kernels and timed steps,
+``gnn_ptp/prior_fit.py``, with host issue costs; ``h100-neusight``: the earlier fit to NeuSight's public
+per-kernel H100 GEMM timings; CPU: measured on this machine). H200 and A100 use the H100 curves with their
+own datasheet rates; any other ``Hardware`` (tests) gets ideal curves: the plain roofline.
 
-Phase sums give forward / backward / optimizer ms (``phase_ms``); ``log_node_ms`` gives per-node log
+Phase times (``phase_ms``): the sums of the kernels, or where the profile has host costs one launch queue
+through the step (``graph_phase_ms``); ``log_node_ms`` gives per-node log
 milliseconds in the form the GNN's per-kernel head has, for ``predict``'s analytic mode and the
 all-reduce overlap model.
 """
@@ -220,13 +222,35 @@ def issue_seconds(seconds: torch.Tensor, phase: torch.Tensor, profile: Profile) 
 
 def log_node_ms(tensors, profile: Profile) -> torch.Tensor:
     """Per-node log milliseconds (float32 [N]), as the GNN's per-kernel head gives them: the device time,
-    or for a profile with host issue costs the larger of it and the host's (``issue_seconds``; needs
-    ``phase`` in ``tensors``, else the device time)."""
+    or for a profile with host issue costs the node's share of its phase in the step's launch queue
+    (``queued_node_seconds``; needs ``phase`` in ``tensors``, else the device time). ``tensors`` may hold
+    one graph or a batch of them (``batch``: each node's graph) and ``grad_bytes``."""
     seconds = node_seconds(tensors["x"], tensors["x_cat"], profile)
     phase = tensors.get("phase") if isinstance(tensors, dict) else None
     if phase is not None:
-        seconds = issue_seconds(seconds, phase, profile)
+        seconds = queued_node_seconds(seconds, phase, profile, tensors.get("grad_bytes"), tensors.get("batch"))
     return torch.log(seconds * 1e3).float()
+
+
+def queued_node_seconds(seconds: torch.Tensor, phase: torch.Tensor, profile: Profile,
+                        grad_bytes: torch.Tensor | None = None, graph: torch.Tensor | None = None) -> torch.Tensor:
+    """Per-node seconds that add up, per phase of each graph, to the launch queue's phase time
+    (``graph_phase_ms``): each node's ``issue_seconds`` scaled by its phase's queue / sum. So a per-node
+    readout of them (the analytic model's, or a GNN predicting its log-ratio to them) starts from the
+    prior's step model, with the GPU's lag and the host's pace, not from a plain sum. Without host costs:
+    the device times."""
+    if not profile.host_issue_s or seconds.numel() == 0:
+        return seconds
+    node = issue_seconds(seconds, phase, profile)
+    phase = phase.long()
+    graph = torch.zeros_like(phase) if graph is None else graph.long()
+    graphs = int(graph.max()) + 1
+    index = graph * 3 + phase
+    summed = torch.zeros(graphs * 3, dtype=torch.float64).index_add(0, index, node.double())
+    queued = torch.cat([graph_phase_ms(seconds[graph == g], phase[graph == g], profile,
+                                       None if grad_bytes is None else grad_bytes[graph == g]) * 1e-3
+                        for g in range(graphs)])
+    return node * (queued / summed.clamp_min(1e-15))[index].to(node)
 
 
 def optimizer_issues(device_s: torch.Tensor, grad_bytes: torch.Tensor | None) -> torch.Tensor:
@@ -302,17 +326,11 @@ class AnalyticModel:
 
     def __call__(self, batch) -> dict[str, torch.Tensor]:
         seconds = node_seconds(batch.x, batch.x_cat, self.profile)
-        node_ms = issue_seconds(seconds, batch.phase, self.profile) * 1e3
+        node_ms = queued_node_seconds(seconds, batch.phase, self.profile, getattr(batch, "grad_bytes", None),
+                                      batch.batch) * 1e3
         graphs = int(batch.num_graphs)
         index = batch.batch * 3 + batch.phase
-        summed = torch.zeros(graphs * 3, dtype=torch.float64).index_add(0, index, node_ms)
-        if self.profile.host_issue_s:  # phases are queues: per-node times scaled to add up to them
-            grads = getattr(batch, "grad_bytes", None)
-            queued = torch.cat([graph_phase_ms(seconds[batch.batch == g], batch.phase[batch.batch == g],
-                                               self.profile, None if grads is None else grads[batch.batch == g])
-                                for g in range(graphs)])
-            node_ms = node_ms * (queued / summed.clamp_min(1e-12))[index]
-            summed = queued
+        summed = torch.zeros(graphs * 3, dtype=torch.float64).index_add(0, index, node_ms.double())
         return {"log_phase_ms": torch.log(summed.clamp_min(1e-9)).view(graphs, 3).float(),
                 "log_node_ms": torch.log(node_ms.clamp_min(1e-12)).float()}
 

@@ -127,6 +127,24 @@ def test_a_busy_gpu_hides_the_hosts_issuing_from_phase_to_phase_and_step_to_step
     assert ms == pytest.approx(3e-3) and lag == pytest.approx(1e-3 + 3e-6 - 250e-6)
 
 
+def test_per_node_prior_times_add_up_to_the_queue_per_phase_of_each_graph_in_a_batch():
+    one = _nodes([{"flops": 2.0 * 4096**3, "bytes": 1e8, "dtype": "bf16", "tc": True, "phase": 0},
+                  {"flops": 1e3, "bytes": 1e4, "dtype": "fp32", "category": "elementwise", "phase": 1},
+                  {"flops": 1e3, "bytes": 1e4, "dtype": "fp32", "category": "optimizer", "phase": 2}])
+    two = _nodes([{"flops": 1e3, "bytes": 1e4, "dtype": "fp32", "category": "elementwise", "phase": p}
+                  for p in (0, 0, 1, 2)])
+    batch = {k: torch.cat([one[k], two[k]]) for k in one}
+    batch["batch"] = torch.tensor([0, 0, 0, 1, 1, 1, 1])
+    node_ms = prior.log_node_ms(batch, H100).double().exp()
+    for g, graph in enumerate((one, two)):
+        want = prior.phase_ms(graph, H100)[:3]
+        mine = batch["batch"] == g
+        got = torch.zeros(3, dtype=torch.float64).index_add(0, batch["phase"][mine], node_ms[mine])
+        assert got.tolist() == pytest.approx(want.tolist(), rel=1e-5)
+        alone = prior.log_node_ms(graph, H100).double().exp()
+        assert alone.tolist() == pytest.approx(node_ms[mine].tolist(), rel=1e-6)  # a batch changes nothing
+
+
 def test_gemm_like_kernels_take_their_categorys_curve_and_the_intensity_ramp():
     curves = {"matmul:bf16": prior.Curve(0.8), "conv:bf16": prior.Curve(0.4, intensity_half=100.0),
               "fp32": prior.Curve(0.5)}
