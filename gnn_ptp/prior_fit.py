@@ -12,13 +12,19 @@ architectures), so that every named model family stays held out for the step-lev
    which still count).
 2. **Host costs.** An eager PyTorch step is a queue: the host issues kernel i at ``i * host_s`` (Python,
    autograd and dispatch, a few to tens of microseconds each), the GPU runs it when it is free and it has
-   been issued. The phase then ends at ``max_k(k * host_s + sum_{j>=k} t_j)`` (``prior.queue_ms``), plus
-   a fixed host time. Both, per phase (forward, backward, optimizer; the optimizer issued once per
-   parameter tensor), are fitted to the measured phase times of the calibration configurations, with the
-   device times of stage 1: they belong to the host CPU and torch version that measured them, which is
-   said where they are used.
+   been issued; a phase lasts ``max(sum t, fixed + max_k(k * host_s + sum_{j>=k} t_j) - lag)``, where
+   ``lag`` is how far the GPU is behind the host when the phase starts (``prior.phase_after``: no
+   synchronisation between phases or steps, so a busy GPU hides the host's issuing). Both costs, per phase
+   (forward, backward, optimizer; the optimizer issued once per parameter tensor), are fitted to the
+   measured phase times of the calibration configurations, phase after phase, with the device times of
+   stage 1: they belong to the host CPU and torch version that measured them, which is said where they
+   are used.
 
-Nothing here reads a step of a held-out family or any public end-to-end figure.
+The GEMM-like curves are per category and dtype (``matmul:bf16``): cuBLAS matmuls, cuDNN convolutions and
+fused attention reach different fractions of the same tensor cores. ``leave_one_family_out`` judges the
+method; ``benchmarks/calibrate_prior.py --lofo`` ships a fit to every family but a checkpoint's test ones.
+
+Nothing here reads a step of a family it holds out, or any public end-to-end figure.
 """
 
 from __future__ import annotations
