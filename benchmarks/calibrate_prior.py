@@ -464,8 +464,8 @@ def main() -> None:
     ap.add_argument("--fit-families", default=",".join(RANDOM_FAMILIES),
                     help="with --profiles: the families fitted on (every other family is held out and scored)")
     ap.add_argument("--lofo", action="store_true",
-                    help="with --profiles: fit on EVERY family (the shipped curves) and judge the method by "
-                         "leaving one family out at a time (its expected error)")
+                    help="with --profiles: fit the shipped curves on every family but --hold-out and judge the "
+                         "method by leaving one family out at a time (its expected error)")
     ap.add_argument("--hold-out", default="",
                     help="with --lofo: families the shipped fit leaves out (a checkpoint's test families: "
                          "training/h200.toml's test split)")
