@@ -302,13 +302,9 @@ def fit_profiles(data: Path, fit_families: list[str], by_category: bool = True,
                  intensity: bool = True) -> tuple[dict, dict]:
     """Curves and host issue costs fitted to a GPU dataset's profiled kernels and timed steps of
     ``fit_families`` (gnn_ptp/prior_fit.py); errors on the kernels and steps of every other family."""
-    from gnn_ptp import dataset, node_labels, prior_fit, records
-    from gnn_ptp.hardware import get_hardware
+    from gnn_ptp import prior_fit
 
-    measured = dataset.measured_configs(data)
-    hw = get_hardware(measured[0].hardware)
-    samples = dataset.make_samples(measured, dataset.load_graphs(data, measured, True))
-    seconds = node_labels.node_seconds(data, measured)
+    hw, samples, seconds = _load_profiled(data)
     fit_s = [s for s in samples if s.family in fit_families]
     held_s = [s for s in samples if s.family not in fit_families]
     if not fit_s or not held_s:
@@ -319,9 +315,7 @@ def fit_profiles(data: Path, fit_families: list[str], by_category: bool = True,
     device_only = prior_fit.device_profile(hw, fitted)
     host, fixed, host_report = prior_fit.fit_host(fit_s, device_only)
     profile = prior_fit.device_profile(hw, fitted, host, fixed)
-    first = next((r for r in records.iter_records(data) if r.get("status") == "ok"), None)
-    env = first["env"] if first else {}
-    when = datetime.now(timezone.utc).date().isoformat()
+    env = _first_env(data)
     errors = {
         "kernels_fitted": prior_fit.kernel_errors(rows_fit, device_only),
         "kernels_held_out": prior_fit.kernel_errors(rows_held, device_only),
@@ -330,49 +324,25 @@ def fit_profiles(data: Path, fit_families: list[str], by_category: bool = True,
         "steps_held_out_device_only": prior_fit.step_errors(held_s, device_only),
         "host": host_report,
     }
-    source = (f"fitted by benchmarks/calibrate_prior.py --profiles {data} on {when}: device curves to "
+    source = (f"fitted by benchmarks/calibrate_prior.py --profiles {data} on {_today()}: device curves to "
               f"{len(rows_fit)} profiled kernels and host issue costs to {len(fit_s)} timed steps of the "
-              f"families {', '.join(fit_families)} on {env.get('device_name', hw.description)} (driver "
-              f"{env.get('driver')}, CUDA {env.get('cuda')}, torch {env.get('torch')}, host CPU "
-              f"{env.get('cpu_kind') or env.get('cpu_model')}); the other families held out")
+              f"families {', '.join(fit_families)} on {_machine(env, hw)}; the other families held out")
     held = errors["steps_held_out"]
-    by_class = ", ".join(f"{k} {v['mape']:.0f} %" for k, v in held["by_precision"].items())
     worst = max(held["by_family"].items(), key=lambda kv: kv[1]["mape"])
-    expected = {
-        "summary": (f"{held['all']['mape']:.0f} % step MAPE (median {held['all']['median_ape']:.0f} %) on "
-                    f"{held['all']['n']} measured {env.get('device_name', hw.name)} steps of {len(held['by_family'])} "
-                    f"model families the fit never saw (worst family {worst[0]} {worst[1]['mape']:.0f} %)"
-                    + ("" if hw.name == "h100" else "; on an H100 not measured (same compute, less bandwidth)")),
-        "by_precision": by_class,
-        "host": (f"the host costs ({', '.join(f'{k} {v:.0f} us' for k, v in zip(('forward', 'backward', 'optimizer'), [h * 1e6 for h in host]))} "
-                 f"per kernel) are those of the measuring machine's CPU ({env.get('cpu_kind') or env.get('cpu_model')}, "
-                 f"torch {env.get('torch')}): small, host-bound models move with the host"),
-    }
-    section = {
-        "source": source,
-        "expected_error": expected,
-        "fitted_on": hw.name,
-        "gemm": fitted["gemm"], "vector": fitted["vector"], "memory": fitted["memory"],
-        "launch_floor_s": fitted["device_floor_s"],
-        "host_issue_s": host,
-        "host_fixed_s": fixed,
-        "fit_families": fit_families,
-        "errors": errors,
-    }
-    return section, errors
+    summary = (f"{held['all']['mape']:.0f} % step MAPE (median {held['all']['median_ape']:.0f} %) on "
+               f"{held['all']['n']} measured {env.get('device_name', hw.name)} steps of {len(held['by_family'])} "
+               f"model families the fit never saw (worst family {worst[0]} {worst[1]['mape']:.0f} %)")
+    by_class = ", ".join(f"{k} {v['mape']:.0f} %" for k, v in held["by_precision"].items())
+    return _section(hw, env, source, summary, by_class, fitted, profile, fit_families, errors), errors
 
 
 def fit_profiles_lofo(data: Path, hold_out: list[str] = (), **device_kw) -> tuple[dict, dict]:
     """The shipped curves fitted to every family of a GPU dataset but ``hold_out`` (the families a
     checkpoint trained over this prior is tested on, which the prior must not see either); the expected
     error from fitting the same way with one family left out at a time (``prior_fit.leave_one_family_out``)."""
-    from gnn_ptp import dataset, node_labels, prior_fit
-    from gnn_ptp.hardware import get_hardware
+    from gnn_ptp import prior_fit
 
-    measured = dataset.measured_configs(data)
-    hw = get_hardware(measured[0].hardware)
-    samples = dataset.make_samples(measured, dataset.load_graphs(data, measured, True))
-    seconds = node_labels.node_seconds(data, measured)
+    hw, samples, seconds = _load_profiled(data)
     print(f"leave one family out ({len({s.family for s in samples})} families, {len(samples)} steps):")
     lofo = prior_fit.leave_one_family_out(samples, seconds, hw, log=print, **device_kw)
     unknown = sorted(set(hold_out) - {s.family for s in samples})
@@ -383,37 +353,33 @@ def fit_profiles_lofo(data: Path, hold_out: list[str] = (), **device_kw) -> tupl
     fitted, profile, host_report = prior_fit.fit(samples, seconds, hw, **device_kw)
     rows = prior_fit.kernel_rows(samples, seconds)
     env = _first_env(data)
-    when = datetime.now(timezone.utc).date().isoformat()
     errors = {"lofo": lofo, "steps_fitted": prior_fit.step_errors(samples, profile),
               "kernels_fitted": prior_fit.kernel_errors(rows, prior_fit.device_profile(hw, fitted)),
               "host": host_report}
     if held:
         errors["steps_held_out"] = prior_fit.step_errors(held, profile)
-    host = list(profile.host_issue_s)
-    source = (f"fitted by benchmarks/calibrate_prior.py --profiles {data} --lofo on {when}: device curves to "
+    source = (f"fitted by benchmarks/calibrate_prior.py --profiles {data} --lofo on {_today()}: device curves to "
               f"{len(rows)} profiled kernels and host issue costs to {len(samples)} timed steps of every family"
               f"{' but ' + ', '.join(hold_out) + ' (held out for the checkpoint trained over it)' if hold_out else ''} "
-              f"on {env.get('device_name', hw.description)} (driver {env.get('driver')}, CUDA {env.get('cuda')}, "
-              f"torch {env.get('torch')}, host CPU {env.get('cpu_kind') or env.get('cpu_model')}); expected error "
-              f"from leaving one family out at a time")
-    expected = {
-        "summary": (f"{lofo['all']['mape']:.0f} % step MAPE (median {lofo['all']['median_ape']:.0f} %) on "
-                    f"{lofo['all']['n']} measured {env.get('device_name', hw.name)} steps, each predicted by a fit "
-                    f"that never saw its model family (mean of {len(lofo['by_family'])} families "
-                    f"{lofo['family_mean_mape']:.0f} %, worst {lofo['worst_family']} "
-                    f"{lofo['worst_family_mape']:.0f} %)"
-                    + ("" if hw.name == "h100" else "; on an H100 not measured (same compute, less bandwidth)")),
-        "by_precision": ", ".join(f"{k} {v:.0f} %" for k, v in lofo["by_precision"].items()),
-        "host": (f"the host costs ({', '.join(f'{k} {v:.0f} us' for k, v in zip(('forward', 'backward', 'optimizer'), [h * 1e6 for h in host]))} "
-                 f"per kernel) are those of the measuring machine's CPU ({env.get('cpu_kind') or env.get('cpu_model')}, "
-                 f"torch {env.get('torch')}): small, host-bound models move with the host"),
-    }
-    section = {"source": source, "expected_error": expected, "fitted_on": hw.name,
-               "gemm": fitted["gemm"], "vector": fitted["vector"], "memory": fitted["memory"],
-               "launch_floor_s": fitted["device_floor_s"], "host_issue_s": host,
-               "host_fixed_s": list(profile.host_fixed_s), "fit_families": sorted({s.family for s in samples}),
-               "errors": errors}
-    return section, errors
+              f"on {_machine(env, hw)}; expected error from leaving one family out at a time")
+    summary = (f"{lofo['all']['mape']:.0f} % step MAPE (median {lofo['all']['median_ape']:.0f} %) on "
+               f"{lofo['all']['n']} measured {env.get('device_name', hw.name)} steps, each predicted by a fit "
+               f"that never saw its model family (mean of {len(lofo['by_family'])} families "
+               f"{lofo['family_mean_mape']:.0f} %, worst {lofo['worst_family']} {lofo['worst_family_mape']:.0f} %)")
+    by_class = ", ".join(f"{k} {v:.0f} %" for k, v in lofo["by_precision"].items())
+    families = sorted({s.family for s in samples})
+    return _section(hw, env, source, summary, by_class, fitted, profile, families, errors), errors
+
+
+def _load_profiled(data: Path):
+    """(hardware, samples, per-node measured seconds) of a GPU dataset with per-op profiles."""
+    from gnn_ptp import dataset, node_labels
+    from gnn_ptp.hardware import get_hardware
+
+    measured = dataset.measured_configs(data)
+    hw = get_hardware(measured[0].hardware)
+    samples = dataset.make_samples(measured, dataset.load_graphs(data, measured, True))
+    return hw, samples, node_labels.node_seconds(data, measured)
 
 
 def _first_env(data: Path) -> dict:
@@ -421,6 +387,34 @@ def _first_env(data: Path) -> dict:
 
     first = next((r for r in records.iter_records(data) if r.get("status") == "ok"), None)
     return first["env"] if first else {}
+
+
+def _today() -> str:
+    return datetime.now(timezone.utc).date().isoformat()
+
+
+def _machine(env: dict, hw) -> str:
+    return (f"{env.get('device_name', hw.description)} (driver {env.get('driver')}, CUDA {env.get('cuda')}, "
+            f"torch {env.get('torch')}, host CPU {env.get('cpu_kind') or env.get('cpu_model')})")
+
+
+def _section(hw, env: dict, source: str, summary: str, by_class: str, fitted: dict, profile,
+             fit_families: list[str], errors: dict) -> dict:
+    """The calibration section a GPU fit writes: its curves and host costs, where they come from and the
+    error expected of them (``summary``, ``by_class``), and the host they belong to."""
+    host = list(profile.host_issue_s)
+    per_kernel = ", ".join(f"{k} {h * 1e6:.0f} us" for k, h in zip(("forward", "backward", "optimizer"), host))
+    expected = {
+        "summary": summary + ("" if hw.name == "h100" else "; on an H100 not measured (same compute, less bandwidth)"),
+        "by_precision": by_class,
+        "host": (f"the host costs ({per_kernel} per kernel) are those of the measuring machine's CPU "
+                 f"({env.get('cpu_kind') or env.get('cpu_model')}, torch {env.get('torch')}): small, host-bound "
+                 "models move with the host"),
+    }
+    return {"source": source, "expected_error": expected, "fitted_on": hw.name,
+            "gemm": fitted["gemm"], "vector": fitted["vector"], "memory": fitted["memory"],
+            "launch_floor_s": fitted["device_floor_s"], "host_issue_s": host,
+            "host_fixed_s": list(profile.host_fixed_s), "fit_families": fit_families, "errors": errors}
 
 
 def print_lofo(errors: dict) -> None:

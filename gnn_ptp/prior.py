@@ -273,7 +273,7 @@ def phase_after(device_s: torch.Tensor, host_s: float, fixed_s: float, lag_s: fl
     issuing, a host-bound phase shows it."""
     if device_s.numel() == 0:
         return 0.0, lag_s
-    queued = float(queue_ms_grid(device_s, torch.tensor([host_s], dtype=torch.float64))[0]) * 1e-3
+    queued = queue_ms(device_s, host_s) * 1e-3
     phase = max(float(device_s.sum()), fixed_s + queued - lag_s)
     return phase * 1e3, lag_s + phase - (fixed_s + device_s.numel() * host_s)
 

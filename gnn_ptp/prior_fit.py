@@ -271,11 +271,11 @@ def fit_host(samples: list, profile: prior.Profile, per_kernel_us=None, per_phas
                 host[p], base[p] = float(per_kernel[hi]), float(fixed[fi])
                 report[name] = {"host_us_per_kernel": host[p] * 1e6, "fixed_us": base[p] * 1e6,
                                 "mean_abs_log_error": float(err[hi, fi]), "n": len(keep)}
+            chosen = int(torch.argmin((per_kernel - host[p]).abs()))  # host[p]'s place in the grid
             for i, r in enumerate(rows):  # the lag this phase leaves, with its fitted costs
                 queued, total, n, _ = r[p]
                 if n:
-                    hi = int(torch.argmin((per_kernel - host[p]).abs()))
-                    phase_s = max(total, base[p] + float(queued[hi]) - float(lag[i]))
+                    phase_s = max(total, base[p] + float(queued[chosen]) - float(lag[i]))
                     lag[i] = lag[i] + phase_s - (base[p] + n * host[p])
         lag_start = lag
     return host, base, report
@@ -284,19 +284,25 @@ def fit_host(samples: list, profile: prior.Profile, per_kernel_us=None, per_phas
 def step_errors(samples: list, profile: prior.Profile) -> dict:
     """Step-time MAPE / median APE of the prior (queue model where the profile has host costs), overall,
     per precision class and per family, with the median predicted / measured ratio."""
-    pred = np.array([prior.phase_ms(s, profile)[3] for s in samples])
-    true = np.array([float(s.y[0, 3].double().exp()) for s in samples])  # the measured step median
-    ape = np.abs(pred / true - 1) * 100
-
-    def summary(mask):
-        return {"n": int(mask.sum()), "mape": float(ape[mask].mean()), "median_ape": float(np.median(ape[mask])),
-                "ratio_median": float(np.median(pred[mask] / true[mask]))}
-
-    out = {"all": summary(np.ones(len(samples), dtype=bool))}
+    pred, true = _step_ms(samples, profile)
+    out = {"all": _summary(pred, true)}
     for attr, key in (("precision", "by_precision"), ("family", "by_family")):
         values = np.array([getattr(s, attr) for s in samples])
-        out[key] = {v: summary(values == v) for v in sorted(set(values))}
+        out[key] = {v: _summary(pred[values == v], true[values == v]) for v in sorted(set(values))}
     return out
+
+
+def _step_ms(samples: list, profile: prior.Profile) -> tuple[np.ndarray, np.ndarray]:
+    """(the prior's step ms, the measured step median ms) of every sample."""
+    pred = np.array([prior.phase_ms(s, profile)[3] for s in samples])
+    true = np.array([float(s.y[0, 3].double().exp()) for s in samples])
+    return pred, true
+
+
+def _summary(pred: np.ndarray, true: np.ndarray) -> dict:
+    ape = np.abs(pred / true - 1) * 100
+    return {"n": int(len(ape)), "mape": float(ape.mean()), "median_ape": float(np.median(ape)),
+            "ratio_median": float(np.median(pred / true))}
 
 
 # --- leave one family out ------------------------------------------------------------------------------------
@@ -334,9 +340,10 @@ def leave_one_family_out(samples: list, node_seconds: dict, hw: Hardware, max_ro
         train = [s for s in samples if s.family != f]
         test = [s for s in samples if s.family == f]
         _, profile, _ = fit(train, node_seconds, hw, max_rows=max_rows, **device_kw)
-        per_family[f] = step_errors(test, profile)["all"]
-        pred += [float(prior.phase_ms(s, profile)[3]) for s in test]
-        true += [float(s.y[0, 3].double().exp()) for s in test]
+        p, t = _step_ms(test, profile)
+        per_family[f] = _summary(p, t)
+        pred += p.tolist()
+        true += t.tolist()
         precision += [s.precision for s in test]
         if log:
             log(f"  {f:<20} {per_family[f]['mape']:5.1f}%  (n {per_family[f]['n']})")
@@ -344,8 +351,7 @@ def leave_one_family_out(samples: list, node_seconds: dict, hw: Hardware, max_ro
     ape = np.abs(pred / true - 1) * 100
     mapes = [v["mape"] for v in per_family.values()]
     worst = max(per_family, key=lambda f: per_family[f]["mape"])
-    return {"all": {"n": int(len(ape)), "mape": float(ape.mean()), "median_ape": float(np.median(ape)),
-                    "ratio_median": float(np.median(pred / true))},
+    return {"all": _summary(pred, true),
             "family_mean_mape": float(np.mean(mapes)), "worst_family": worst,
             "worst_family_mape": per_family[worst]["mape"], "by_family": per_family,
             "by_precision": {p: float(ape[precision == p].mean()) for p in sorted(set(precision))},

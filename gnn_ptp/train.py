@@ -295,13 +295,14 @@ def train(cfg: TrainConfig, data_dir: str | Path, out: str | Path | None, logger
         from gnn_ptp.graph import FEATURE_VERSION
         from gnn_ptp.records import now_utc
 
+        over_prior = checkpoint.prior_calibration(model)
         meta = {
             "model": cfg.model.to_dict(), "train": cfg.to_dict(), "feature_version": FEATURE_VERSION,
             "hardware": hardware, "trace_target": dataset.trace_target(hardware),
             "data_dir": str(data_dir), "created": now_utc(), "torch": torch.__version__,
             "torch_geometric": torch_geometric.__version__, "train_ranges": train_ranges(parts["train"]),
             **({"hardware_descriptor": model.descriptor.to_dict()} if model.descriptor is not None else {}),
-            **({"prior_calibration": checkpoint.prior_calibration(model)} if checkpoint.prior_calibration(model) else {}),
+            **({"prior_calibration": over_prior} if over_prior else {}),
             **summary,
         }
         summary["checkpoint"] = str(checkpoint.save(model, meta, out))
