@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gnn_ptp.errors import UserError
+from gnn_ptp.process_group import leave_together
 
 
 @dataclass
@@ -140,21 +141,6 @@ def measure_collective(kind: str, sizes: list[int], min_time_s: float, min_iters
     return rows
 
 
-def _leave_together() -> None:
-    """Tear the process group down after a barrier: a rank destroying gloo while another is still in a call
-    aborts the process ('terminate called without an active exception')."""
-    import gc
-
-    import torch.distributed as dist
-
-    gc.collect()  # FSDP2 modules and their pending work go before the group does
-    try:
-        dist.barrier()
-    except Exception:  # noqa: BLE001 - a rank already gone: tear down regardless
-        pass
-    dist.destroy_process_group()
-
-
 def _reference_work(seconds: float) -> float:
     """Run a fixed mix of training-like work (a compute-bound matmul and a memory-bound elementwise pass
     over 32 MB) for ``seconds``; return rounds per second."""
@@ -219,7 +205,7 @@ def _spawned_world(rank: int, world: int, init_file: str, out_file: str, cfg: Ca
         if rank == 0:
             Path(out_file).write_text(json.dumps({"rows": rows, "sharing": sharing, "fsdp_stacks": stacks}))
     finally:
-        _leave_together()
+        leave_together()
 
 
 def _run_local(cfg: CalibrateConfig) -> list[dict]:
@@ -391,7 +377,7 @@ def calibrate(cfg: CalibrateConfig):
             if dist.get_rank() != 0:
                 return None
         finally:
-            _leave_together()
+            leave_together()
         level = "intra" if nodes == 1 else "inter"
         rows = [{**r, "level": level} for r in rows]
         algorithm = f"{backend} (fitted line)"

@@ -572,14 +572,9 @@ def collect(cfg: CollectConfig) -> dict:
         progress.close()
         signal.signal(signal.SIGTERM, previous)
         if ddp:
-            import torch.distributed as dist
+            from gnn_ptp.process_group import leave_together
 
-            if dist.is_initialized():
-                try:  # leave together: a rank tearing gloo down while another is still in a call aborts it
-                    dist.barrier()
-                except Exception:  # noqa: BLE001 - a rank already gone; tear down regardless
-                    pass
-                dist.destroy_process_group()
+            leave_together()
     counts["elapsed_s"] = round(time.perf_counter() - start, 1)
     if rank == 0:
         why = " (interrupted)" if counts["interrupted"] else (
