@@ -564,6 +564,9 @@ def add_predict_parser(sub) -> None:
                         "ZeRO-3), fsdp-no-reshard (ZeRO-2-like) or auto (the fastest that fits in memory)")
     p.add_argument("--hardware", default="h100", help="which shipped checkpoint: h100 (default), cpu, ...")
     p.add_argument("--checkpoint", help="checkpoint folder (overrides --hardware)")
+    p.add_argument("--analytic", action="store_true",
+                   help="answer from the calibrated physical prior even where a checkpoint is shipped "
+                        "(h100, h200, a100); README: Evaluation of the shipped H200 checkpoint")
     p.add_argument("--cpu-kind", help="with --hardware cpu and a checkpoint trained with hardware descriptors: "
                                       "the CPU to predict for, by its stored descriptor "
                                       "(gnn_ptp/hardware_descriptors/<name>.json), or 'this' for this machine's")
@@ -597,7 +600,7 @@ def run_predict(args) -> int:
                          checkpoint=args.checkpoint, optimizer=args.optimizer, overrides=args.overrides,
                          task=args.task, steps=args.steps, epochs=args.epochs, dataset_size=args.dataset_size,
                          gpu_hour_cost=args.gpu_hour_cost, use_disk_cache=not args.no_cache,
-                         cpu_kind=args.cpu_kind)
+                         cpu_kind=args.cpu_kind, analytic=args.analytic)
     if args.json:
         rows = [p.to_dict() for p in preds]
         if args.precision == "all":
@@ -621,7 +624,8 @@ def run_max_batch_size(args) -> int:
 
     fits, notes = max_batch_sizes(args.spec, [args.precision], seq_len=args.seq_len, image_size=args.image_size,
                                   hardware=args.hardware, checkpoint=args.checkpoint, optimizer=args.optimizer,
-                                  overrides=args.overrides, task=args.task, use_disk_cache=not args.no_cache)
+                                  overrides=args.overrides, task=args.task, use_disk_cache=not args.no_cache,
+                                  analytic=args.analytic)
     if args.json:
         print(json.dumps({"fits": [f.to_dict() for f in fits], "notes": notes}, indent=2))
     else:

@@ -447,7 +447,7 @@ def predict_many(spec: str, precisions: list[str], batch_size: int, seq_len: int
                  use_disk_cache: bool = True, nodes: int | None = None, interconnect: str | None = None,
                  bucket_cap_mb: float = 25.0, grad_accum: int = 1,
                  grad_compression: str = "none", parallel: str = "ddp",
-                 cpu_kind: str | None = None) -> list[Prediction]:
+                 cpu_kind: str | None = None, analytic: bool = False) -> list[Prediction]:
     """One ``Prediction`` per precision class, all from one checkpoint and one model spec.
 
     ``cpu_kind`` (a checkpoint trained with hardware descriptors, on a CPU): predict for that CPU, named
@@ -455,7 +455,8 @@ def predict_many(spec: str, precisions: list[str], batch_size: int, seq_len: int
 
     ``gpus``/``nodes``/``interconnect``/``bucket_cap_mb``/``grad_accum``/``grad_compression`` describe
     data-parallel training; ``parallel`` is ddp, fsdp, fsdp-no-reshard or auto (gnn_ptp/fsdp.py);
-    ``steps`` (optimizer steps) or ``epochs`` x ``dataset_size`` the job."""
+    ``steps`` (optimizer steps) or ``epochs`` x ``dataset_size`` the job. ``analytic``: answer from the
+    calibrated physical prior even where a checkpoint is shipped (H100-class GPUs)."""
     from torch_geometric.data import Batch, Data
 
     dp = DataParallel(gpus, nodes, interconnect, bucket_cap_mb, grad_accum, grad_compression, parallel)
@@ -464,7 +465,7 @@ def predict_many(spec: str, precisions: list[str], batch_size: int, seq_len: int
         raise UserError("--epochs needs --dataset-size (samples per epoch)")
     if steps is not None and epochs is not None:
         raise UserError("give --steps or --epochs, not both")
-    ckpt_path, model, meta = _model_for(hardware, checkpoint)
+    ckpt_path, model, meta = _model_for(hardware, checkpoint, analytic)
     analytic = meta.get("source") == "analytic-prior"
     hw_name = meta["hardware"]
     kind_note = None
@@ -633,16 +634,27 @@ def _for_cpu_kind(model, meta: dict, ckpt_path, cpu_kind: str):
                     f"{trained_on})")
 
 
-def _model_for(hardware: str, checkpoint: str | Path | None):
+def _model_for(hardware: str, checkpoint: str | Path | None, analytic: bool = False):
     """(checkpoint path or None, model, meta): the given or shipped checkpoint; where no checkpoint exists
-    for an H100-class GPU, the calibrated physical prior (gnn_ptp/prior.py) stands in for the GNN."""
+    for an H100-class GPU, or where ``analytic`` asks for it, the calibrated physical prior
+    (gnn_ptp/prior.py) stands in for the GNN."""
+    from gnn_ptp.prior import ANALYTIC_HARDWARE, analytic_model
+
+    if analytic:
+        if checkpoint:
+            raise UserError("--analytic answers from the calibrated prior, without a checkpoint: give "
+                            "--analytic or --checkpoint, not both")
+        found = analytic_model(hardware)
+        if found is None:
+            raise UserError(f"--analytic: no calibrated prior for --hardware {hardware}; it exists for "
+                            f"{', '.join(ANALYTIC_HARDWARE)}")
+        model, meta = found
+        return None, model, {**meta, "chosen": True}
     if checkpoint:
         return Path(checkpoint), *_load_checkpoint(Path(checkpoint))
     try:
         path = default_checkpoint(hardware)
     except UserError:
-        from gnn_ptp.prior import analytic_model
-
         found = analytic_model(hardware)
         if found is None:
             raise
@@ -653,6 +665,10 @@ def _model_for(hardware: str, checkpoint: str | Path | None):
 def analytic_warning(hardware: str, meta: dict) -> str:
     err = meta.get("expected_error") or {}
     how = f"expected error {err['summary']}" if err.get("summary") else "expected error unknown"
+    if meta.get("chosen"):  # --analytic
+        return (f"ANALYTIC ESTIMATE (--analytic): these times come from the calibrated physical prior alone "
+                f"(per-kernel roofline with fitted efficiency curves and a host launch queue), not from a "
+                f"checkpoint trained on measured {hardware} steps; {how}")
     return (f"ANALYTIC ESTIMATE: no {hardware} checkpoint yet, so these times come from the calibrated "
             f"physical prior alone (per-kernel roofline with fitted efficiency curves and a host launch "
             f"queue), not from a model trained on measured {hardware} steps; {how}")
@@ -692,7 +708,7 @@ class BatchFit:
 def max_batch_sizes(spec: str, precisions: list[str], seq_len: int | None = None, image_size: int | None = None,
                     hardware: str = "h100", checkpoint: str | Path | None = None, optimizer: str = "adamw",
                     overrides=None, task: str | None = None, use_disk_cache: bool = True,
-                    limit: int = 1 << 20) -> tuple[list[BatchFit], list[str]]:
+                    limit: int = 1 << 20, analytic: bool = False) -> tuple[list[BatchFit], list[str]]:
     """For each precision class, the largest batch whose training step fits in one device (analytic
     memory from the trace, gnn_ptp/memory.py: no checkpoint needed), and its predicted step time and
     throughput where a checkpoint exists. Returns the fits and notes for the user."""
@@ -702,7 +718,7 @@ def max_batch_sizes(spec: str, precisions: list[str], seq_len: int | None = None
     notes: list[str] = []
     timed = True  # step times from the checkpoint, or from the analytic prior where none exists
     try:
-        ckpt_path, _, meta = _model_for(hardware, checkpoint)
+        ckpt_path, _, meta = _model_for(hardware, checkpoint, analytic)
     except UserError as e:
         timed, ckpt_path, meta = False, None, {}
         notes.append(f"step time not predicted: {e}")
@@ -730,7 +746,7 @@ def max_batch_sizes(spec: str, precisions: list[str], seq_len: int | None = None
         for batch, group in by_batch.items():
             preds = predict_many(spec, [f.precision for f in group], batch, seq_len=seq_len, image_size=image_size,
                                  hardware=hw.name, checkpoint=ckpt_path, optimizer=optimizer, overrides=overrides,
-                                 task=task, use_disk_cache=use_disk_cache)
+                                 task=task, use_disk_cache=use_disk_cache, analytic=analytic)
             for f, pred in zip(group, preds):
                 f.prediction = pred
                 items = batch * (pred.seq_len or 1)

@@ -267,6 +267,27 @@ def test_cli_predicts_an_h100_analytically_with_a_warning(no_h100_checkpoint, ca
     assert row["peak_memory_bytes"] > 0 and row["fits_in_memory"] is True  # analytic memory, no checkpoint needed
 
 
+def test_analytic_flag_answers_from_the_prior_where_a_checkpoint_is_shipped(capsys):
+    """--analytic: the shipped h200 checkpoint is not loaded (the prior answers, said so), the same times as
+    the prior's own; with --checkpoint, or for hardware without a calibrated prior, one clear error."""
+    spec, sets = GPT2
+    args = ["predict", spec, *[a for s in sets for a in ("--set", s)], "--batch-size", "2", "--seq-len", "32",
+            "--hardware", "h200", "--precision", "bf16", "--json"]
+    assert cli.main(args + ["--analytic"]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert row["source"] == "analytic-prior" and row["checkpoint"] == ""
+    assert any("ANALYTIC ESTIMATE (--analytic)" in w for w in row["warnings"])
+    assert row["compute_ms"] > 0
+    assert cli.main(args) == 0  # without the flag: the shipped checkpoint answers, with other times
+    plain = json.loads(capsys.readouterr().out)
+    assert plain["source"] == "checkpoint" and plain["checkpoint"].endswith("h200")
+    assert plain["compute_ms"] != row["compute_ms"]
+    with pytest.raises(UserError, match="not both"):
+        predict_mod.predict_many(MLP, ["fp32"], 8, hardware="h200", checkpoint="checkpoints/h200", analytic=True)
+    with pytest.raises(UserError, match="no calibrated prior for --hardware cpu"):
+        predict_mod.predict_many(MLP, ["fp32"], 8, hardware="cpu", analytic=True)
+
+
 def test_hardware_without_a_prior_or_checkpoint_is_still_one_clear_error(no_h100_checkpoint):
     with pytest.raises(UserError, match="no cpu checkpoint"):
         predict_mod.predict_many(MLP, ["fp32"], 8, hardware="cpu")
