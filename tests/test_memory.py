@@ -172,8 +172,9 @@ def test_check_records_judges_labels_and_out_of_memory_records(tmp_path):
 
 
 def test_every_out_of_memory_record_is_predicted_not_to_fit():
-    """The issue's target on the shipped datasets (none holds an OOM record yet: the CPU collector never
-    ran out of memory, and there is no H100 data)."""
+    """The issue's target on the shipped datasets: the H200's six out-of-memory records (Qwen2 in the float32
+    classes, torch 2.11's math-path grouped-query attention) must be predicted not to fit (the CPU collector
+    never ran out of memory)."""
     from pathlib import Path
 
     root = Path(__file__).resolve().parent.parent / "datasets"
