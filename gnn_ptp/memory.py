@@ -533,7 +533,7 @@ def check_records(path, status: str | None = None) -> list[dict]:
         # traced with the kernel choices of the torch that measured it, as the dataset's graphs are: torch
         # 2.11 runs float32 grouped-query attention on the math path, whose saved scores 2.14's kernels lack
         est = estimate(trace_step(step_config_of(r["config"], trace_target(hardware),
-                                                 kernels=(r.get("env") or {}).get("torch"))))
+                                                 kernels=r["env"].get("torch"))))
         capacity = HARDWARE[hardware].memory_bytes if hardware in HARDWARE else None
         row = {"key": r["key"], "status": r["status"], "hardware": hardware, "config": r["config"],
                "predicted_bytes": est.peak_bytes, "device_bytes": est.device_bytes, "floor_bytes": est.floor_bytes,
