@@ -330,6 +330,9 @@ def add_evaluate_parser(sub) -> None:
                         "hardware descriptor fed in); default both")
     g.add_argument("--threads", type=_positive_int, help="torch CPU threads for training")
     g.add_argument("--bootstrap", type=_positive_int, default=2000, help="bootstrap resamples (default 2000)")
+    g.add_argument("--shipped-prior", action="store_true",
+                   help="GPU data with per-op profiles: score (and train over) the shipped prior instead of "
+                        "refitting it in every fold; faster, but that prior has seen the held-out families")
     p.set_defaults(run=run_evaluate)
 
 
@@ -378,7 +381,7 @@ def run_protocol(args) -> int:
     budget = Budget(epochs=args.epochs, patience=args.patience, families=families,
                     seeds=_int_list(args.seeds, "--seeds"),
                     variants=tuple(v.strip() for v in args.variants.split(",") if v.strip()),
-                    threads=args.threads, bootstrap=args.bootstrap)
+                    threads=args.threads, bootstrap=args.bootstrap, refit_prior=not args.shipped_prior)
     result = run(args.protocol, args.data, args.config, budget, strict=args.strict)
     print(json.dumps(result, indent=2) if args.json else format_result(result))
     return 0

@@ -13,7 +13,11 @@ retrains from scratch for every fold and scores every predictor on the same held
 Predictors: each GNN variant (``gnn``: the training config as given; ``gnn-prior``: the same predicting
 the log-ratio to the physical prior, with the hardware descriptor fed in), the ridge regression on graph
 totals (``gnn_ptp/baselines.py``, fitted on the same training and validation configurations) and the
-prior alone. Every MAPE comes with a bootstrap 95 % interval (families and configurations resampled) and
+prior alone. A GPU's prior is fitted to that GPU's own profiled kernels and steps (``prior_fit``), so the
+shipped one has seen most families: on such data (a GPU folder with per-op profiles) every fold refits it
+to its training and validation configurations only (``PriorRefit``), before the residual GNN is trained
+over it, so that neither has seen a step of the configurations it is scored on. A CPU's prior comes from
+kernel microbenchmarks, not from the dataset, and is used as shipped. Every MAPE comes with a bootstrap 95 % interval (families and configurations resampled) and
 the label noise floor of the same configurations: the error a perfect predictor of the true mean would
 show against labels that average n noisy measurements, sqrt(2/pi) x the measurements' relative standard
 deviation / sqrt(n), from configurations measured more than once.
@@ -65,6 +69,9 @@ class Budget:
     """torch threads for training (None: torch's default)."""
     bootstrap: int = 2000
     """Bootstrap resamples for the 95 % intervals."""
+    refit_prior: bool = True
+    """Refit a GPU's prior in every fold (where the data has per-op profiles); False scores the shipped
+    prior (faster, but it has seen the held-out families' steps)."""
 
     def __post_init__(self):
         for name in ("epochs", "patience"):
@@ -147,6 +154,56 @@ def step_flops(sample) -> float:
     return float((torch.exp2(sample.x[:, 0].double()) - 1).sum())
 
 
+@dataclass
+class PriorRefit:
+    """The per-node measured seconds of GPU folders with per-op profiles (``node_labels.node_seconds``),
+    by hardware name: what refitting their prior in a fold needs."""
+
+    seconds: dict[str, dict]
+    max_rows: int = 80_000
+    """Kernel rows the device fit draws at most (as ``prior_fit.leave_one_family_out``)."""
+
+    def apply(self, parts: dict) -> dict:
+        """Fit each hardware's prior (``prior_fit.fit``: kernel curves, then host costs) to the fold's
+        training and validation configurations and re-price every sample of the fold with it
+        (``prior_log_ms``). Returns per hardware name the steps fitted on and the seconds it took. A
+        hardware with no training configuration in the fold (the test kind of ``hardware``) keeps its
+        shipped prior."""
+        from gnn_ptp import prior, prior_fit
+        from gnn_ptp.hardware import get_hardware
+
+        fit_on = parts["train"] + parts["val"]
+        info = {}
+        for name, seconds in self.seconds.items():
+            own = [s for s in fit_on if s.hardware_name == name]
+            if not own:
+                continue
+            tick = time.perf_counter()
+            _, profile, _ = prior_fit.fit(own, seconds, get_hardware(name), max_rows=self.max_rows)
+            for s in (x for part in parts.values() for x in part if x.hardware_name == name):
+                s.prior_log_ms = prior.log_node_ms({"x": s.x, "x_cat": s.x_cat, "phase": s.phase,
+                                                    "grad_bytes": getattr(s, "grad_bytes", None)}, profile)
+            info[name] = {"fit_steps": len(own), "fit_s": round(time.perf_counter() - tick, 1)}
+        return info
+
+
+def prior_refit(data_dirs, log, strict: bool = False) -> PriorRefit | None:
+    """``PriorRefit`` for the GPU folders of ``data_dirs`` whose records have per-op profiles (None when
+    there is none: CPU data, or GPU data measured without profiles)."""
+    from gnn_ptp import descriptor, node_labels
+
+    seconds = {}
+    for d in data_dirs:
+        own = dataset.measured_configs(d, strict=strict)
+        if dataset.trace_target(own[0].hardware) == "cpu" or not node_labels.profiled_ids(d):
+            continue
+        name = descriptor.for_env(own[0].env or {"hardware": own[0].hardware}).name
+        log(f"{d}: the {name} prior is refitted in every fold to the fold's training families "
+            "(per-op profiles; the shipped one has seen most families)")
+        seconds[name] = node_labels.node_seconds(d, own)
+    return PriorRefit(seconds) if seconds else None
+
+
 # --- training one fold -----------------------------------------------------------------------------------
 
 
@@ -161,14 +218,18 @@ def _variant_config(base, variant: str, budget: Budget, seed: int, test, val):
                                threads=budget.threads or base.threads)
 
 
-def fit_predict(base, budget: Budget, seed: int, parts: dict, measured, log) -> tuple[dict, dict]:
+def fit_predict(base, budget: Budget, seed: int, parts: dict, measured, log,
+                refit: PriorRefit | None = None) -> tuple[dict, dict]:
     """Train every variant on ``parts["train"]`` (early stopping on ``parts["val"]``) and predict the step
-    ms of ``parts["test"]``; also the ridge and the prior. Returns (predictions by name, info)."""
+    ms of ``parts["test"]``; also the ridge and the prior (refitted to the fold first, with ``refit``).
+    Returns (predictions by name, info)."""
     from gnn_ptp.baselines import GraphTotalsRidge
     from gnn_ptp.train import predict_samples, train
 
     test = parts["test"]
     out, info = {}, {}
+    if refit is not None:
+        info["prior_refit"] = refit.apply(parts)
     for variant in budget.variants:
         cfg = _variant_config(base, variant, budget, seed, sorted({s.family for s in test}),
                               sorted({s.family for s in parts["val"]}))
@@ -238,21 +299,23 @@ def run(protocol: str, data_dirs, config=None, budget: Budget = Budget(), log=No
     if protocol == "hardware" and loaded is None:
         _check_kinds(data_dirs, strict)  # from the records alone, before any graph is traced
     measured, samples, repeats = loaded or load(data_dirs, base.model.precision_aware, log, strict)
+    refit = prior_refit(data_dirs, log, strict) if budget.refit_prior else None
     rng = np.random.default_rng(0)
     start = time.perf_counter()
     if protocol == "lofo":
-        result = _lofo(base, budget, measured, samples, repeats, rng, log)
+        result = _lofo(base, budget, measured, samples, repeats, rng, log, refit)
     elif protocol == "size":
-        result = _size(base, budget, measured, samples, repeats, rng, log)
+        result = _size(base, budget, measured, samples, repeats, rng, log, refit)
     else:
-        result = _hardware(base, budget, measured, samples, repeats, rng, log)
-    result.update(protocol=protocol, data=[str(d) for d in data_dirs], n_samples=len(samples),
+        result = _hardware(base, budget, measured, samples, repeats, rng, log, refit)
+    result.update(prior_refitted=sorted(refit.seconds) if refit else [],
+                  protocol=protocol, data=[str(d) for d in data_dirs], n_samples=len(samples),
                   budget=dataclasses.asdict(budget), train_config=base.to_dict(),
                   wall_s=round(time.perf_counter() - start, 1), targets=TARGETS)
     return result
 
 
-def _lofo(base, budget, measured, samples, repeats, rng, log) -> dict:
+def _lofo(base, budget, measured, samples, repeats, rng, log, refit=None) -> dict:
     families = sorted({s.family for s in samples})
     held = list(budget.families or families)
     unknown = sorted(set(held) - set(families))
@@ -270,7 +333,7 @@ def _lofo(base, budget, measured, samples, repeats, rng, log) -> dict:
                                          val_fraction=base.val_fraction)
             parts = {n: [s for s in samples if split[s.family] == n] for n in ("train", "val", "test")}
             tick = time.perf_counter()
-            pred, info = fit_predict(base, budget, seed, parts, measured, log)
+            pred, info = fit_predict(base, budget, seed, parts, measured, log, refit)
             true = np.exp(np.array([float(s.y[0, 3]) for s in parts["test"]]))
             for p, values in pred.items():
                 errors[p][seed][family] = metrics.ape(values, true)
@@ -315,7 +378,7 @@ def size_split(samples: list, seed: int, factor: float | None = None, val_fracti
     return {"train": pool[n_val:], "val": pool[:n_val], "test": test, "train_max_flops": top}
 
 
-def _size(base, budget, measured, samples, repeats, rng, log) -> dict:
+def _size(base, budget, measured, samples, repeats, rng, log, refit=None) -> dict:
     errors = {p: {} for p in _predictors(budget)}
     folds = []
     for seed in budget.seeds:
@@ -325,7 +388,7 @@ def _size(base, budget, measured, samples, repeats, rng, log) -> dict:
             raise UserError(f"size: no configuration has {SIZE_FACTOR:g}x the FLOPs of the smaller half's largest "
                             f"({top:.3g}); the data spans too narrow a range")
         tick = time.perf_counter()
-        pred, info = fit_predict(base, budget, seed, parts, measured, log)
+        pred, info = fit_predict(base, budget, seed, parts, measured, log, refit)
         true = np.exp(np.array([float(s.y[0, 3]) for s in parts["test"]]))
         for p, values in pred.items():
             errors[p][seed] = {"size": metrics.ape(values, true)}
@@ -364,7 +427,7 @@ def _refuse_one_kind(kinds: dict) -> None:
                         f"{name} ({n} configurations); add another kind's folder with a second --data")
 
 
-def _hardware(base, budget, measured, samples, repeats, rng, log) -> dict:
+def _hardware(base, budget, measured, samples, repeats, rng, log, refit=None) -> dict:
     kinds = defaultdict(list)
     for s in samples:
         kinds[s.hardware_name].append(s)
@@ -381,7 +444,7 @@ def _hardware(base, budget, measured, samples, repeats, rng, log) -> dict:
                                              test_fraction=0.0, val_fraction=base.val_fraction)
                 parts = {"train": [s for s in own if split[s.family] == "train"],
                          "val": [s for s in own if split[s.family] == "val"], "test": kinds[test_kind]}
-                pred, _ = fit_predict(base, budget, seed, parts, measured, log)
+                pred, _ = fit_predict(base, budget, seed, parts, measured, log, refit)
                 true = np.exp(np.array([float(s.y[0, 3]) for s in parts["test"]]))
                 for p, values in pred.items():
                     errors[p][seed] = {test_kind: metrics.ape(values, true)}
@@ -410,7 +473,11 @@ def format_result(r: dict) -> str:
     b = r["budget"]
     lines = [f"protocol {r['protocol']} on {', '.join(r['data'])}: {r['n_samples']} configurations, seeds "
              f"{', '.join(map(str, b['seeds']))}, epochs {b['epochs'] or r['train_config']['epochs']}, "
-             f"{r['wall_s']:.0f} s", ""]
+             f"{r['wall_s']:.0f} s"]
+    if r.get("prior_refitted"):
+        lines.append(f"prior of {', '.join(r['prior_refitted'])}: refitted in every fold to the fold's training "
+                     "configurations (kernels and steps), never to the ones it is scored on")
+    lines.append("")
     if r["protocol"] == "lofo":
         floor = r["noise_floor"]
         lines.append(f"{'predictor':<12}{'mean MAPE':>10}  {'95% CI':<14}{'worst family':>22}  {'95% CI':<14}"

@@ -119,3 +119,34 @@ def test_leave_one_family_out_scores_each_family_with_a_fit_that_never_saw_it():
             s.y = s.y + math.log(1.5)
     skewed = prior_fit.leave_one_family_out(samples, seconds, H200, by_category=False, intensity=False)
     assert skewed["worst_family"] == "c" and skewed["worst_family_mape"] > 20
+
+
+def test_protocol_refits_a_gpu_prior_per_fold_on_the_training_families_only():
+    """gnn_ptp/protocol.py's PriorRefit: every sample of the fold is re-priced by a prior fitted to the
+    training and validation configurations; the test family's kernels and steps (SYNTHETIC, made 3x slower
+    than the truth) never reach the fit, so its prior stays the truth's and misses them by 3x."""
+    from gnn_ptp.protocol import PriorRefit
+
+    truth = dataclasses.replace(prior.profile_from_dict(H200, {**TRUE, "memory": {"peak_fraction": 0.8}}),
+                                host_issue_s=(40e-6, 60e-6, 20e-6), host_fixed_s=(300e-6, 200e-6, 100e-6))
+    parts, seconds = {"train": [], "val": [], "test": []}, {}
+    for family, part, slow in (("a", "train", 1.0), ("b", "val", 1.0), ("c", "test", 3.0)):
+        for n, t in ((10, 1e-6), (50, 2e-6), (200, 5e-6), (30, 400e-6), (80, 100e-6)):
+            s = _sample(n, t, family)
+            s.key, s.hardware_name = f"{family}-{n}", "h200"
+            s.y = torch.tensor([[math.log(v * slow) for v in prior.phase_ms(s, truth)]], dtype=torch.float32)
+            seconds[s.key] = [prior.node_seconds(s.x, s.x_cat, truth) * slow]
+            s.prior_log_ms = torch.zeros(n * 3)  # a wrong prior, to be replaced
+            parts[part].append(s)
+    info = PriorRefit({"h200": seconds}, max_rows=None).apply(parts)
+    assert info["h200"]["fit_steps"] == 10  # train + val, not test
+
+    def ape(s):
+        return abs(float(s.prior_log_ms.double().exp().sum()) / float(s.y[0, 3].double().exp()) - 1) * 100
+
+    assert max(ape(s) for s in parts["train"] + parts["val"]) < 5
+    assert all(60 < ape(s) < 70 for s in parts["test"])  # priced as the truth: 1/3 of the slowed steps
+    # a hardware kind without a training configuration in the fold keeps its prior
+    before = [s.prior_log_ms.clone() for part in parts.values() for s in part]
+    assert PriorRefit({"h100": seconds}).apply(parts) == {}
+    assert all(torch.equal(a, s.prior_log_ms) for a, s in zip(before, (s for p in parts.values() for s in p)))
