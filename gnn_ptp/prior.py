@@ -108,6 +108,8 @@ class Profile:
     source: str = "ideal curves: the plain roofline"
     expected_error: dict = field(default_factory=dict)
     """How far off a step prediction from this profile is expected to be, and how that was derived."""
+    fitted_on: str = ""
+    """The hardware whose measured kernels and steps the curves were fitted to ("" where not so fitted)."""
 
     def gemm_curve(self, dtype: str, category: str = "matmul") -> Curve:
         """The curve of a GEMM-like kernel: its category's in its dtype, else the dtype's, else the
@@ -147,7 +149,7 @@ def profile_from_dict(hw: Hardware, d: dict) -> Profile:
                    float(d.get("launch_floor_s", 0.0)),
                    tuple(float(v) for v in d["host_issue_s"]) if d.get("host_issue_s") else None,
                    tuple(float(v) for v in d["host_fixed_s"]) if d.get("host_fixed_s") else None,
-                   d.get("source", ""), d.get("expected_error", {}))
+                   d.get("source", ""), d.get("expected_error", {}), d.get("fitted_on", ""))
 
 
 def get_profile(hw: Hardware | str) -> Profile:
@@ -335,6 +337,21 @@ class AnalyticModel:
                 "log_node_ms": torch.log(node_ms.clamp_min(1e-12)).float()}
 
 
+UNMEASURED_NOTE = {"h100": "same compute, less bandwidth"}
+"""How a GPU differs from the one its curves were fitted on, where that is said in one phrase."""
+
+
+def expected_error_on(hardware: str, profile: Profile) -> dict:
+    """The profile's expected error as it applies to ``hardware``: as measured on the hardware it was fitted
+    on; elsewhere with that said (the curves run at the other GPU's datasheet rates, which no step of it
+    has checked)."""
+    err = dict(profile.expected_error)
+    if err.get("summary") and profile.fitted_on and profile.fitted_on != hardware:
+        how = UNMEASURED_NOTE.get(hardware, f"the {profile.fitted_on}'s curves at its datasheet rates")
+        err["summary"] += f"; on an {hardware.upper()} not measured ({how})"
+    return err
+
+
 def analytic_model(hardware: str) -> tuple[AnalyticModel, dict] | None:
     """(model, meta) answering for ``hardware`` from the calibrated prior, or None where it has none."""
     if hardware not in ANALYTIC_HARDWARE or hardware not in HARDWARE:
@@ -343,5 +360,5 @@ def analytic_model(hardware: str) -> tuple[AnalyticModel, dict] | None:
     if not profile.gemm:  # no calibration shipped
         return None
     meta = {"hardware": hardware, "trace_target": "cuda", "source": "analytic-prior",
-            "expected_error": profile.expected_error}
+            "expected_error": expected_error_on(hardware, profile)}
     return AnalyticModel(profile), meta

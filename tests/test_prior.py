@@ -261,7 +261,8 @@ def test_cli_predicts_an_h100_analytically_with_a_warning(no_h100_checkpoint, ca
     assert table == list(PRECISION_NAMES)
     assert cli.main(args + ["--precision", "amp-bf16", "--gpus", "8", "--json"]) == 0
     row = json.loads(capsys.readouterr().out)
-    assert row["source"] == "analytic-prior" and row["expected_error"]["summary"]
+    assert row["source"] == "analytic-prior"
+    assert row["expected_error"]["summary"].endswith("; on an H100 not measured (same compute, less bandwidth)")
     assert row["interconnect"] == "h100-nvswitch" and row["comm_total_ms"] > 0
     assert row["iteration_ms"] >= row["compute_ms"] > 0
     assert row["peak_memory_bytes"] > 0 and row["fits_in_memory"] is True  # analytic memory, no checkpoint needed
@@ -278,6 +279,8 @@ def test_analytic_flag_answers_from_the_prior_where_a_checkpoint_is_shipped(caps
     assert row["source"] == "analytic-prior" and row["checkpoint"] == ""
     assert any("ANALYTIC ESTIMATE (--analytic)" in w for w in row["warnings"])
     assert row["compute_ms"] > 0
+    # the prior was fitted on H200 steps: its expected error is said as measured, with no other GPU's caveat
+    assert "H200 steps" in row["expected_error"]["summary"] and "not measured" not in row["expected_error"]["summary"]
     assert cli.main(args) == 0  # without the flag: the shipped checkpoint answers, with other times
     plain = json.loads(capsys.readouterr().out)
     assert plain["source"] == "checkpoint" and plain["checkpoint"].endswith("h200")
@@ -286,6 +289,18 @@ def test_analytic_flag_answers_from_the_prior_where_a_checkpoint_is_shipped(caps
         predict_mod.predict_many(MLP, ["fp32"], 8, hardware="h200", checkpoint="checkpoints/h200", analytic=True)
     with pytest.raises(UserError, match="no calibrated prior for --hardware cpu"):
         predict_mod.predict_many(MLP, ["fp32"], 8, hardware="cpu", analytic=True)
+
+
+def test_expected_error_names_the_gpu_it_was_not_measured_on():
+    from gnn_ptp import prior
+
+    fitted = dataclasses.replace(prior.get_profile("h100"), expected_error={"summary": "9 % on H200 steps"},
+                                 fitted_on="h200")
+    assert prior.expected_error_on("h200", fitted)["summary"] == "9 % on H200 steps"
+    assert prior.expected_error_on("h100", fitted)["summary"].endswith("on an H100 not measured (same compute, "
+                                                                       "less bandwidth)")
+    assert "on an A100 not measured (the h200's curves" in prior.expected_error_on("a100", fitted)["summary"]
+    assert fitted.expected_error == {"summary": "9 % on H200 steps"}  # the profile's own is left as it was
 
 
 def test_hardware_without_a_prior_or_checkpoint_is_still_one_clear_error(no_h100_checkpoint):
