@@ -96,14 +96,14 @@ def step_config_of(config: dict, target: str, precision_aware: bool = True, kern
 
 
 def measured_graph(config: dict, target: str, precision_aware: bool = True, kernels: str | None = None,
-                   params: int | None = None) -> tuple[dict[str, torch.Tensor], dict]:
+                   params: int | None = None, kernel_nodes: bool = False) -> tuple[dict[str, torch.Tensor], dict]:
     """The graph (tensors, summary info) of a measured configuration, traced with the kernel choices of the
     torch that measured it (``kernels``). ``params``, the measured model's parameter count, must match
     what the installed libraries build: a model whose structure changed with a transformers release is
-    refused, not guessed."""
+    refused, not guessed. ``kernel_nodes``: the info also holds the trace's kernel nodes (``node_labels``)."""
     from gnn_ptp.prediction import _build_graph
 
-    tensors, info = _build_graph(step_config_of(config, target, precision_aware, kernels))
+    tensors, info = _build_graph(step_config_of(config, target, precision_aware, kernels), kernel_nodes)
     if params is not None and info["param_count"] != params:
         raise TraceError(f"the installed libraries build {info['param_count']} parameters where the measured "
                          f"model had {params}: its module structure changed since it was measured")
@@ -161,6 +161,7 @@ def load_graphs(data_dir: str | Path, measured: list[Measured], precision_aware:
     cache ``predict`` keeps (``~/.cache/gnn-ptp/graphs``, keyed by step config, FEATURE_VERSION and
     library versions), else traced now (each distinct step once: a precision-unaware graph is the fp32
     graph of the same config) and written to both. Progress goes to ``log`` (stderr)."""
+    from gnn_ptp import node_labels
     from gnn_ptp.prediction import _cache_dir, _graph_key
 
     data_dir = Path(data_dir)
@@ -195,8 +196,12 @@ def load_graphs(data_dir: str | Path, measured: list[Measured], precision_aware:
             f"{len(by_graph)} distinct steps to trace ({len(cache) - reused} cached) ...")
     start, failed, shown_s = time.perf_counter(), 0, 0.0
     keys = list(by_graph)
-    jobs = [(by_graph[k][0].config, target, precision_aware, by_graph[k][0].torch_version, by_graph[k][0].params)
-            for k in keys]
+    # configurations with per-op profiles need the same trace's kernel nodes for their node labels: kept
+    # from this trace (node_labels.remember_nodes) rather than traced a second time by node_labels.load
+    profiled = set(node_labels.profiled_ids(data_dir)) if precision_aware and keys else set()
+    kernel_nodes: dict[str, list] = {}
+    jobs = [(by_graph[k][0].config, target, precision_aware, by_graph[k][0].torch_version, by_graph[k][0].params,
+             any(m.key in profiled for m in by_graph[k])) for k in keys]
     for i, (gkey, result) in enumerate(zip(keys, _map(_graph_or_error, jobs)), 1):
         group = by_graph[gkey]
         if isinstance(result, str):  # a config that measured fine but will not trace: skip, say so
@@ -206,8 +211,11 @@ def load_graphs(data_dir: str | Path, measured: list[Measured], precision_aware:
             log(f"  skipped {group[0].config['spec']} ({group[0].config['precision']}): {result}"[:300])
         else:
             tensors, info = from_bytes(result)
+            nodes = info.pop("kernel_nodes", None)
             for m in group:
                 cache[cache_key(m)] = tensors
+                if nodes is not None and m.key in profiled:
+                    kernel_nodes[m.key] = nodes
             try:  # predict (and a later evaluate of another folder) reuse it
                 atomic_torch_save({"tensors": tensors, "info": json.dumps(info)}, shared / f"{gkey}.pt")
             except OSError:
@@ -221,6 +229,8 @@ def load_graphs(data_dir: str | Path, measured: list[Measured], precision_aware:
             log(f"  {i}/{len(keys)} traced ({elapsed:.0f} s" + (f", ~{left:.0f} s left)" if i < len(keys) else ")"))
     if (reused or known_failures) and not keys:
         atomic_torch_save({**cache, _FAILED: failures}, path)
+    if kernel_nodes:
+        node_labels.remember_nodes(data_dir, [m for m in measured if m.key in kernel_nodes], kernel_nodes)
     if failed:
         log(f"{failed} configurations could not be traced and are left out")
     return {m.key: cache[cache_key(m)] for m in measured if cache_key(m) in cache}

@@ -119,6 +119,30 @@ def _cache_of(data_dir, measured: list) -> Path:
     return _cache_path(Path(data_dir), cuda=any(dataset.trace_target(m.hardware) == "cuda" for m in measured))
 
 
+def _read_cache(path: Path) -> dict:
+    try:
+        return torch.load(path, weights_only=True) if path.is_file() else {}
+    except Exception:  # a damaged cache is rebuilt, never trusted
+        return {}
+
+
+def remember_nodes(data_dir, measured: list, nodes: dict[str, list]) -> None:
+    """Keep kernel nodes traced elsewhere in the folder's cache, by configuration key: ``dataset.load_graphs``
+    traces the very step ``load`` would (same config, same kernel choices) and hands them over, so that
+    ``load`` only matches the profiles."""
+    from gnn_ptp.store import atomic_torch_save
+
+    path = _cache_of(data_dir, measured)
+    cache = _read_cache(path)
+    known = cache.setdefault("nodes", {})
+    new = {k: v for k, v in nodes.items() if k not in known}
+    if new:
+        known.update(new)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_torch_save({"nodes": known, "profiles": cache.get("profiles", {}), "failed": cache.get("failed", {}),
+                           "absent": cache.get("absent", [])}, path)
+
+
 def load(data_dir, measured: list, log=None) -> dict[str, dict]:
     """Labels (``combine``) for every measured configuration with profiled records. The folder's cache
     keeps each configuration's traced kernel nodes and each profile's match, so a new profile costs its
@@ -130,10 +154,7 @@ def load(data_dir, measured: list, log=None) -> dict[str, dict]:
     ids = profiled_ids(data_dir)
     wanted = [m for m in measured if m.key in ids]
     path = _cache_of(data_dir, wanted)
-    try:
-        cache = torch.load(path, weights_only=True) if path.is_file() else {}
-    except Exception:  # a damaged cache is rebuilt, never trusted
-        cache = {}
+    cache = _read_cache(path)
     nodes, matched, failed = cache.get("nodes", {}), cache.get("profiles", {}), cache.get("failed", {})
     absent = set(cache.get("absent", []))  # ids whose profile their file turned out not to hold
     to_trace = [m for m in wanted if m.key not in nodes and m.key not in failed]

@@ -169,7 +169,9 @@ def _graph_key(config: StepConfig) -> str:
     return hashlib.sha1(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
 
-def _build_graph(config: StepConfig) -> tuple[dict, dict]:
+def _build_graph(config: StepConfig, kernel_nodes: bool = False) -> tuple[dict, dict]:
+    """Graph tensors and summary info of one traced step; with ``kernel_nodes``, the info also holds the
+    trace's ``match.kernel_nodes`` (what matching a profile onto it needs: ``node_labels``)."""
     from gnn_ptp import memory
     from gnn_ptp.trace import trace_step
 
@@ -177,6 +179,10 @@ def _build_graph(config: StepConfig) -> tuple[dict, dict]:
     tensors, summary = graph_mod.to_tensors(traced)
     info = {"summary": dataclasses.asdict(summary), "family": traced.family, "param_count": traced.param_count,
             "shape": dataclasses.asdict(traced.shape), "memory": memory.estimate(traced).to_dict()}
+    if kernel_nodes:
+        from gnn_ptp import match
+
+        info["kernel_nodes"] = match.kernel_nodes(traced)
     return {k: tensors[k] for k in _DATA_FIELDS}, info
 
 

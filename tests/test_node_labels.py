@@ -99,6 +99,27 @@ def test_labels_are_the_matched_profile_shares_of_the_measured_phases(harvested,
         assert 0 < float(s.matched_share) <= 1.0001
 
 
+def test_load_graphs_hands_its_trace_to_node_labels_and_nothing_is_traced_twice(harvested, labelled, tmp_path,
+                                                                               monkeypatch):
+    """A cold folder: ``load_graphs`` traces every configuration once and keeps the kernel nodes of the
+    profiled ones for ``node_labels.load``, which then only matches profiles; the labels are the same as
+    from its own trace."""
+    import shutil
+
+    folder = tmp_path / "cpu"
+    shutil.copytree(harvested, folder, ignore=shutil.ignore_patterns(".cache"))
+    monkeypatch.setenv("GNN_PTP_CACHE", str(tmp_path / "cold"))  # no graph from predict's shared cache either
+    measured = dataset.measured_configs(folder)
+    dataset.load_graphs(folder, measured, log=lambda m: None)
+    said = []
+    labels = node_labels.load(folder, measured, log=said.append)
+    assert said[0].startswith("node labels: tracing 0 configurations, matching 12 profiles"), said
+    expected = labelled[2]
+    assert set(labels) == set(expected)
+    for key, lab in labels.items():
+        assert torch.equal(lab["mask"], expected[key]["mask"]) and torch.allclose(lab["share"], expected[key]["share"])
+
+
 def test_mask_semantics(labelled):
     measured, samples, labels = labelled
     first, second = samples[0], samples[1]
