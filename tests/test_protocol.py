@@ -282,7 +282,7 @@ def test_hardware_protocol_trains_on_one_synthetic_cpu_and_tests_on_the_other(tw
     assert "amd-epyc -> synthetic-slow-cpu" in text
 
 
-def test_cli_protocol_json_and_the_one_kind_refusal(synthetic_dir, capsys):
+def test_cli_protocol_json_and_the_one_kind_refusal(synthetic_dir, capsys, monkeypatch):
     code = cli.main(["evaluate", "--protocol", "lofo", "--data", str(synthetic_dir), "--epochs", "1",
                      "--families", f"{FAMILIES[0]},{FAMILIES[1]}", "--variants", "gnn-prior", "--threads", "1",
                      "--bootstrap", "50", "--json"])
@@ -295,6 +295,20 @@ def test_cli_protocol_json_and_the_one_kind_refusal(synthetic_dir, capsys):
     assert "needs records of two hardware kinds or more; the data holds one: cpu (24 configurations)" in err
     code = cli.main(["evaluate", "--protocol", "lofo", "--data", str(synthetic_dir), "--families", "nope"])
     assert code == 2 and "nope" in capsys.readouterr().err
+    # --shipped-prior reaches the budget (and with it no prior is refitted, whatever the data)
+    seen = {}
+
+    def run(name, data, config, budget, strict=False):
+        seen["b"] = budget
+        return {}
+
+    monkeypatch.setattr(protocol, "run", run)
+    monkeypatch.setattr(protocol, "format_result", lambda r: "")
+    for flags, refit in (([], True), (["--shipped-prior"], False)):
+        seen.clear()
+        assert cli.main(["evaluate", "--protocol", "lofo", "--data", str(synthetic_dir), *flags]) == 0
+        assert seen["b"].refit_prior is refit
+    capsys.readouterr()
 
 
 def test_predict_answers_from_a_residual_descriptor_checkpoint(synthetic_dir, tmp_path):
@@ -333,3 +347,14 @@ def test_cli_trains_one_checkpoint_on_two_synthetic_cpu_folders_and_evaluates_ea
     code = cli.main(["train", "--data", *map(str, two_cpus), "--config", str(tmp_path / "plain.toml"),
                      "--out", str(tmp_path / "ckpt2")])
     assert code == 2 and "needs [model] hardware_descriptor = true" in capsys.readouterr().err
+
+
+def test_the_h200_protocol_config_is_the_shipped_h200_config_without_its_split():
+    """The README's H200 protocol figures judge the config checkpoints/h200 is trained with."""
+    import tomllib
+
+    training = __import__("pathlib").Path(__file__).resolve().parent.parent / "training"
+    shipped = tomllib.loads((training / "h200.toml").read_text())
+    protocol_cfg = tomllib.loads((training / "protocol_h200.toml").read_text())
+    assert shipped.pop("test_families") and shipped.pop("val_families")
+    assert shipped == protocol_cfg
