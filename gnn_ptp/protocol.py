@@ -17,10 +17,11 @@ prior alone. A GPU's prior is fitted to that GPU's own profiled kernels and step
 shipped one has seen most families: on such data (a GPU folder with per-op profiles) every fold refits it
 to its training and validation configurations only (``PriorRefit``), before the residual GNN is trained
 over it, so that neither has seen a step of the configurations it is scored on. A CPU's prior comes from
-kernel microbenchmarks, not from the dataset, and is used as shipped. Every MAPE comes with a bootstrap 95 % interval (families and configurations resampled) and
-the label noise floor of the same configurations: the error a perfect predictor of the true mean would
-show against labels that average n noisy measurements, sqrt(2/pi) x the measurements' relative standard
-deviation / sqrt(n), from configurations measured more than once.
+kernel microbenchmarks, not from the dataset, and is used as shipped. Every MAPE comes with a bootstrap
+95 % interval (families and configurations resampled) and the label noise floor of the same
+configurations: the error a perfect predictor of the true mean would show against labels that average n
+noisy measurements, sqrt(2/pi) x the measurements' relative standard deviation / sqrt(n), from
+configurations measured more than once.
 
 Training many models takes time: ``--epochs``, ``--patience``, ``--families`` and ``--seeds`` set the
 budget (CI runs it on synthetic data in seconds).
@@ -198,7 +199,7 @@ def prior_refit(data_dirs, log, strict: bool = False) -> PriorRefit | None:
         if dataset.trace_target(own[0].hardware) == "cpu" or not node_labels.profiled_ids(d):
             continue
         name = descriptor.for_env(own[0].env or {"hardware": own[0].hardware}).name
-        log(f"{d}: the {name} prior is refitted in every fold to the fold's training families "
+        log(f"{d}: the {name} prior is refitted in every fold to the fold's training configurations "
             "(per-op profiles; the shipped one has seen most families)")
         seconds[name] = node_labels.node_seconds(d, own)
     return PriorRefit(seconds) if seconds else None
