@@ -126,21 +126,26 @@ def _read_cache(path: Path) -> dict:
         return {}
 
 
+def _write_cache(path: Path, nodes: dict, matched: dict, failed: dict, absent) -> None:
+    """The folder's node-label cache: traced kernel nodes and failures by configuration key, profile
+    matches by record id, and the ids whose profile file turned out not to hold them."""
+    from gnn_ptp.store import atomic_torch_save
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_torch_save({"nodes": nodes, "profiles": matched, "failed": failed, "absent": sorted(absent)}, path)
+
+
 def remember_nodes(data_dir, measured: list, nodes: dict[str, list]) -> None:
     """Keep kernel nodes traced elsewhere in the folder's cache, by configuration key: ``dataset.load_graphs``
     traces the very step ``load`` would (same config, same kernel choices) and hands them over, so that
     ``load`` only matches the profiles."""
-    from gnn_ptp.store import atomic_torch_save
-
     path = _cache_of(data_dir, measured)
     cache = _read_cache(path)
-    known = cache.setdefault("nodes", {})
+    known = cache.get("nodes", {})
     new = {k: v for k, v in nodes.items() if k not in known}
     if new:
-        known.update(new)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_torch_save({"nodes": known, "profiles": cache.get("profiles", {}), "failed": cache.get("failed", {}),
-                           "absent": cache.get("absent", [])}, path)
+        _write_cache(path, {**known, **new}, cache.get("profiles", {}), cache.get("failed", {}),
+                     cache.get("absent", []))
 
 
 def load(data_dir, measured: list, log=None) -> dict[str, dict]:
@@ -148,7 +153,6 @@ def load(data_dir, measured: list, log=None) -> dict[str, dict]:
     keeps each configuration's traced kernel nodes and each profile's match, so a new profile costs its
     match only; what is missing is traced (one configuration per core) and matched now."""
     from gnn_ptp import dataset, profiles
-    from gnn_ptp.store import atomic_torch_save
 
     log = log or (lambda msg: print(msg, file=sys.stderr))
     ids = profiled_ids(data_dir)
@@ -170,8 +174,7 @@ def load(data_dir, measured: list, log=None) -> dict[str, dict]:
             else:
                 nodes[m.key] = result
             if i % 50 == 0 or i == len(to_trace):
-                atomic_torch_save({"nodes": nodes, "profiles": matched, "failed": failed,
-                                   "absent": sorted(absent)}, path)
+                _write_cache(path, nodes, matched, failed, absent)
                 log(f"  {i}/{len(to_trace)} traced ({time.perf_counter() - start:.0f} s)")
         found = profiles.read_profiles(data_dir) if to_match else {}
         absent |= {i for i in to_match if i not in found}
@@ -179,7 +182,7 @@ def load(data_dir, measured: list, log=None) -> dict[str, dict]:
             for i in ids[m.key]:
                 if i not in matched and i in found and m.key in nodes:
                     matched[i] = profile_shares(nodes[m.key], found[i])
-        atomic_torch_save({"nodes": nodes, "profiles": matched, "failed": failed, "absent": sorted(absent)}, path)
+        _write_cache(path, nodes, matched, failed, absent)
         log(f"node labels ready ({time.perf_counter() - start:.0f} s)")
     return {m.key: combine([matched[i] for i in ids[m.key] if i in matched])
             for m in wanted if any(i in matched for i in ids[m.key])}

@@ -329,7 +329,11 @@ def fit(samples: list, node_seconds: dict, hw: Hardware, max_rows: int | None = 
     return fitted, device_profile(hw, fitted, host, fixed), report
 
 
-def leave_one_family_out(samples: list, node_seconds: dict, hw: Hardware, max_rows: int = 80_000,
+MAX_ROWS = 80_000
+"""Kernel rows a device fit draws at most when it fits many times (its cost grows with rows)."""
+
+
+def leave_one_family_out(samples: list, node_seconds: dict, hw: Hardware, max_rows: int = MAX_ROWS,
                          log=None, **device_kw) -> dict:
     """Each family's steps predicted by a prior fitted (kernels and host costs) to every other family:
     per family the ``step_errors`` summary, and over all steps (each predicted once, by the fit that never

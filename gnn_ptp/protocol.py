@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gnn_ptp import dataset, metrics
+from gnn_ptp import dataset, metrics, prior_fit
 from gnn_ptp.errors import UserError, closest
 
 PROTOCOLS = ("lofo", "size", "hardware")
@@ -161,8 +161,8 @@ class PriorRefit:
     by hardware name: what refitting their prior in a fold needs."""
 
     seconds: dict[str, dict]
-    max_rows: int = 80_000
-    """Kernel rows the device fit draws at most (as ``prior_fit.leave_one_family_out``)."""
+    max_rows: int | None = prior_fit.MAX_ROWS
+    """Kernel rows the device fit draws at most (as ``prior_fit.leave_one_family_out``; None: all)."""
 
     def apply(self, parts: dict) -> dict:
         """Fit each hardware's prior (``prior_fit.fit``: kernel curves, then host costs) to the fold's
@@ -170,7 +170,7 @@ class PriorRefit:
         (``prior_log_ms``). Returns per hardware name the steps fitted on and the seconds it took. A
         hardware with no training configuration in the fold (the test kind of ``hardware``) keeps its
         shipped prior."""
-        from gnn_ptp import prior, prior_fit
+        from gnn_ptp import prior
         from gnn_ptp.hardware import get_hardware
 
         fit_on = parts["train"] + parts["val"]
