@@ -303,6 +303,11 @@ def run_train(args) -> int:
     return 0
 
 
+PROTOCOL_ONLY = {"config": None, "epochs": None, "patience": None, "families": None, "seeds": "0",
+                 "variants": "gnn,gnn-prior", "threads": None, "bootstrap": 2000, "shipped_prior": False}
+"""``evaluate``'s options that only a --protocol run reads, with their defaults."""
+
+
 def add_evaluate_parser(sub) -> None:
     p = sub.add_parser("evaluate", help="score a checkpoint against measurements and baselines",
                        description="MAPE, median and p90 APE overall, per precision and per held-out family, "
@@ -324,12 +329,14 @@ def add_evaluate_parser(sub) -> None:
     g.add_argument("--epochs", type=_positive_int, help="epochs per model (budget; default: the config's)")
     g.add_argument("--patience", type=_positive_int, help="early-stopping patience (default: the config's)")
     g.add_argument("--families", help="lofo: hold out only these families, comma-separated (budget)")
-    g.add_argument("--seeds", default="0", help="comma-separated seeds; each retrains every model (default 0)")
-    g.add_argument("--variants", default="gnn,gnn-prior",
+    g.add_argument("--seeds", default=PROTOCOL_ONLY["seeds"],
+                   help="comma-separated seeds; each retrains every model (default 0)")
+    g.add_argument("--variants", default=PROTOCOL_ONLY["variants"],
                    help="GNN variants: gnn (the config as given), gnn-prior (log-ratio to the physical prior, "
                         "hardware descriptor fed in); default both")
     g.add_argument("--threads", type=_positive_int, help="torch CPU threads for training")
-    g.add_argument("--bootstrap", type=_positive_int, default=2000, help="bootstrap resamples (default 2000)")
+    g.add_argument("--bootstrap", type=_positive_int, default=PROTOCOL_ONLY["bootstrap"],
+                   help="bootstrap resamples (default 2000)")
     g.add_argument("--shipped-prior", action="store_true",
                    help="GPU data with per-op profiles: score (and train over) the shipped prior instead of "
                         "refitting it in every fold; faster, but that prior has seen the held-out families")
@@ -349,6 +356,10 @@ def _int_list(text: str, what: str) -> tuple[int, ...]:
 def run_evaluate(args) -> int:
     if args.protocol is not None:
         return run_protocol(args)
+    given = [f"--{name.replace('_', '-')}" for name, default in PROTOCOL_ONLY.items() if getattr(args, name) != default]
+    if given:
+        raise UserError(f"{', '.join(given)}: only with --protocol lofo|size|hardware (evaluate --checkpoint scores "
+                        "a trained checkpoint and trains nothing)")
     from gnn_ptp.evaluate import PLOT_SUFFIXES, evaluate, format_table
     from gnn_ptp.paths import check_output_file
 

@@ -358,3 +358,13 @@ def test_the_h200_protocol_config_is_the_shipped_h200_config_without_its_split()
     protocol_cfg = tomllib.loads((training / "protocol_h200.toml").read_text())
     assert shipped.pop("test_families") and shipped.pop("val_families")
     assert shipped == protocol_cfg
+
+
+@pytest.mark.parametrize("flags, named", [(["--shipped-prior"], "--shipped-prior"),
+                                          (["--epochs", "3", "--seeds", "0,1"], "--epochs, --seeds")])
+def test_protocol_options_without_protocol_are_one_clear_error(flags, named, capsys):
+    """Options only a --protocol run reads are refused on a checkpoint evaluation, not silently ignored."""
+    code = cli.main(["evaluate", "--checkpoint", "checkpoints/cpu", "--data", "datasets/cpu", *flags])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1
+    assert f"{named}: only with --protocol lofo|size|hardware" in err
