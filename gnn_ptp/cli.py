@@ -304,7 +304,8 @@ def run_train(args) -> int:
 
 
 PROTOCOL_ONLY = {"config": None, "epochs": None, "patience": None, "families": None, "seeds": "0",
-                 "variants": "gnn,gnn-prior", "threads": None, "bootstrap": 2000, "shipped_prior": False}
+                 "variants": "gnn,gnn-prior", "threads": None, "bootstrap": 2000, "shipped_prior": False,
+                 "jobs": 1}
 """``evaluate``'s options that only a --protocol run reads, with their defaults."""
 
 
@@ -334,7 +335,10 @@ def add_evaluate_parser(sub) -> None:
     g.add_argument("--variants", default=PROTOCOL_ONLY["variants"],
                    help="GNN variants: gnn (the config as given), gnn-prior (log-ratio to the physical prior, "
                         "hardware descriptor fed in); default both")
-    g.add_argument("--threads", type=_positive_int, help="torch CPU threads for training")
+    g.add_argument("--threads", type=_positive_int, help="torch CPU threads for training (per job)")
+    g.add_argument("--jobs", type=_positive_int, default=PROTOCOL_ONLY["jobs"],
+                   help="folds trained at once, each in its own process with --threads threads (default 1; "
+                        "jobs x threads at most the cores); the results do not change")
     g.add_argument("--bootstrap", type=_positive_int, default=PROTOCOL_ONLY["bootstrap"],
                    help="bootstrap resamples (default 2000)")
     g.add_argument("--shipped-prior", action="store_true",
@@ -392,7 +396,8 @@ def run_protocol(args) -> int:
     budget = Budget(epochs=args.epochs, patience=args.patience, families=families,
                     seeds=_int_list(args.seeds, "--seeds"),
                     variants=tuple(v.strip() for v in args.variants.split(",") if v.strip()),
-                    threads=args.threads, bootstrap=args.bootstrap, refit_prior=not args.shipped_prior)
+                    threads=args.threads, bootstrap=args.bootstrap, refit_prior=not args.shipped_prior,
+                    jobs=args.jobs)
     result = run(args.protocol, args.data, args.config, budget, strict=args.strict)
     print(json.dumps(result, indent=2) if args.json else format_result(result))
     return 0

@@ -223,7 +223,7 @@ def test_lofo_holds_every_family_out_once_per_seed_and_scores_consistently(synth
     assert r["families"] == sorted(FAMILIES)
     assert [(f["seed"], f["test"]) for f in r["folds"]] == [(s, f) for s in (0, 1) for f in sorted(FAMILIES)]
     assert all(f["test"] not in f["val"] for f in r["folds"])
-    assert set(r["predictors"]) == {"gnn", "gnn-prior", "ridge", "prior"}
+    assert set(r["predictors"]) == {"gnn", "gnn-prior", protocol.HALF, "ridge", "prior"}
     for p, sc in r["predictors"].items():
         per = {f: row["mape"] for f, row in sc["per_group"].items()}
         assert sc["mean_mape"] == pytest.approx(np.mean(list(per.values())))
@@ -255,12 +255,40 @@ def test_lofo_ridge_and_prior_rows_are_recomputable_from_the_fold(synthetic_dir)
     assert r["folds"][0]["val"] == sorted(f for f, s in split.items() if s == "val")
 
 
+def test_folds_keep_their_predictions_and_the_half_residual_is_the_geometric_mean(synthetic_dir):
+    budget = dataclasses.replace(BUDGET, seeds=(0,), families=(FAMILIES[0],), variants=("gnn-prior",))
+    r = protocol.run("lofo", synthetic_dir, TINY, budget, log=lambda _: None)
+    fold, = r["folds"]
+    pred, true = fold["pred_ms"], np.array(fold["true_ms"])
+    assert len(fold["keys"]) == len(true) == fold["n_test"] == 4 and set(pred) == set(r["predictors"])
+    half = np.sqrt(np.array(pred["gnn-prior"]) * np.array(pred["prior"]))
+    assert np.array(pred[protocol.HALF]) == pytest.approx(half, rel=1e-3)
+    for p, values in pred.items():  # the stored predictions give the scores (to their 4 digits)
+        assert metrics.ape(np.array(values), true).mean() == pytest.approx(
+            r["predictors"][p]["mean_mape"], rel=2e-3, abs=1e-3)
+
+
+def test_folds_in_parallel_processes_give_the_sequential_results(synthetic_dir):
+    budget = dataclasses.replace(BUDGET, seeds=(0,), families=tuple(FAMILIES[:3]))
+    one = protocol.run("lofo", synthetic_dir, TINY, budget, log=lambda _: None)
+    lines = []
+    two = protocol.run("lofo", synthetic_dir, TINY, dataclasses.replace(budget, jobs=2), log=lines.append)
+    assert [(f["seed"], f["test"]) for f in two["folds"]] == [(f["seed"], f["test"]) for f in one["folds"]]
+    for a, b in zip(one["folds"], two["folds"]):
+        assert a["pred_ms"] == b["pred_ms"] and a["keys"] == b["keys"]
+    assert {p: sc["mean_mape"] for p, sc in two["predictors"].items()} == pytest.approx(
+        {p: sc["mean_mape"] for p, sc in one["predictors"].items()})
+    assert len([x for x in lines if x.startswith("lofo seed 0")]) == 3
+    with pytest.raises(UserError, match="jobs = 0: must be a positive integer"):
+        protocol.Budget(jobs=0)
+
+
 def test_size_protocol_reports_the_split_and_every_predictor(synthetic_dir, monkeypatch):
     monkeypatch.setattr(protocol, "SIZE_FACTOR", 1.5)
     r = protocol.run("size", synthetic_dir, TINY, BUDGET, log=lambda _: None)
     fold = r["folds"][0]
     assert fold["test_min_flops"] >= 1.5 * fold["train_max_flops"]
-    assert set(r["predictors"]) == {"gnn", "gnn-prior", "ridge", "prior"}
+    assert set(r["predictors"]) == {"gnn", "gnn-prior", protocol.HALF, "ridge", "prior"}
     assert all(sc["n"] == fold["n_test"] and sc["ci95"][0] <= sc["ci95"][1] for sc in r["predictors"].values())
     assert "size" in protocol.format_result(r)
 
@@ -277,7 +305,7 @@ def test_hardware_protocol_trains_on_one_synthetic_cpu_and_tests_on_the_other(tw
     assert set(r["pairs"]) == {"amd-epyc -> synthetic-slow-cpu", "synthetic-slow-cpu -> amd-epyc"}
     assert r["kinds"] == {"amd-epyc": 24, "synthetic-slow-cpu": 24}
     for row in r["pairs"].values():
-        assert set(row["predictors"]) == {"gnn", "gnn-prior", "ridge", "prior"} and row["n_test"] == 24
+        assert set(row["predictors"]) == {"gnn", "gnn-prior", protocol.HALF, "ridge", "prior"} and row["n_test"] == 24
     text = protocol.format_result(r)
     assert "amd-epyc -> synthetic-slow-cpu" in text
 
@@ -288,7 +316,8 @@ def test_cli_protocol_json_and_the_one_kind_refusal(synthetic_dir, capsys, monke
                      "--bootstrap", "50", "--json"])
     assert code == 0
     r = json.loads(capsys.readouterr().out)
-    assert r["families"] == [FAMILIES[0], FAMILIES[1]] and set(r["predictors"]) == {"gnn-prior", "ridge", "prior"}
+    assert r["families"] == [FAMILIES[0], FAMILIES[1]]
+    assert set(r["predictors"]) == {"gnn-prior", protocol.HALF, "ridge", "prior"}
     code = cli.main(["evaluate", "--protocol", "hardware", "--data", str(synthetic_dir)])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1
