@@ -277,25 +277,42 @@ def _fold_worker(index: int):
     return index, _FOLDS["fn"](_FOLDS["tasks"][index]), time.perf_counter() - start
 
 
-def _map_folds(budget: Budget, fn, tasks: list):
+def _map_folds(budget: Budget, fn, tasks: list, log=None):
     """(index, fn(task), seconds) of every task, in completion order: one after another, or with
     ``budget.jobs`` > 1 in that many forked processes (they share the loaded graphs copy-on-write; each
-    fold's training is seeded, so the results are those of a sequential run)."""
-    if budget.jobs == 1 or len(tasks) < 2:
-        for i, task in enumerate(tasks):
+    fold's training is seeded, so the results are those of a sequential run). A process that has run
+    autograd before (a notebook, a test session) cannot fork workers that train: then the folds run one
+    at a time, said in ``log``."""
+    done: set[int] = set()
+    if budget.jobs > 1 and len(tasks) > 1:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        _FOLDS.update(fn=fn, tasks=tasks, threads=budget.threads or 1)
+        try:
+            with ProcessPoolExecutor(min(budget.jobs, len(tasks)),
+                                     mp_context=multiprocessing.get_context("fork")) as pool:
+                futures = [pool.submit(_fold_worker, i) for i in range(len(tasks))]
+                for future in as_completed(futures):
+                    try:
+                        result = future.result()
+                    except RuntimeError as e:
+                        if "fork" not in str(e):
+                            raise
+                        for f in futures:
+                            f.cancel()
+                        if log:
+                            log(f"--jobs {budget.jobs}: this process ran autograd before, which forked workers "
+                                "cannot inherit; the remaining folds run one at a time")
+                        break
+                    done.add(result[0])
+                    yield result
+        finally:
+            _FOLDS.clear()
+    for i, task in enumerate(tasks):
+        if i not in done:
             start = time.perf_counter()
             yield i, fn(task), time.perf_counter() - start
-        return
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-
-    _FOLDS.update(fn=fn, tasks=tasks, threads=budget.threads or 1)
-    try:
-        with ProcessPoolExecutor(min(budget.jobs, len(tasks)), mp_context=multiprocessing.get_context("fork")) as pool:
-            for future in as_completed([pool.submit(_fold_worker, i) for i in range(len(tasks))]):
-                yield future.result()
-    finally:
-        _FOLDS.clear()
 
 
 # --- scoring ---------------------------------------------------------------------------------------------
@@ -388,7 +405,7 @@ def _lofo(base, budget, measured, samples, repeats, rng, log, refit=None) -> dic
         return pred, info, true, sorted({s.family for s in parts["val"]}), _fold_record(parts["test"], pred, true)
 
     folds = [None] * len(tasks)
-    for i, (pred, info, true, val, record), seconds in _map_folds(budget, one, tasks):
+    for i, (pred, info, true, val, record), seconds in _map_folds(budget, one, tasks, log):
         seed, family = tasks[i]
         for p, values in pred.items():
             errors[p][seed][family] = metrics.ape(values, true)
@@ -453,7 +470,7 @@ def _size(base, budget, measured, samples, repeats, rng, log, refit=None) -> dic
         return pred, true, fold, [repeat_key(s) for s in parts["test"]]
 
     folds = [None] * len(tasks)
-    for i, (pred, true, fold, test_keys), seconds in _map_folds(budget, one, tasks):
+    for i, (pred, true, fold, test_keys), seconds in _map_folds(budget, one, tasks, log):
         seed = tasks[i]
         for p, values in pred.items():
             errors[p][seed] = {"size": metrics.ape(values, true)}

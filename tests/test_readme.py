@@ -103,12 +103,14 @@ NOT_IN_CI = {
          "in seconds", "parse"),
     "gnn-ptp evaluate --protocol size --data datasets/cpu --config training/protocol_cpu.toml --seeds 0,1":
         ("trains 4 models (minutes); test_protocol.py runs it on synthetic data", "parse"),
-    "gnn-ptp evaluate --protocol lofo --data datasets/h200 --config training/protocol_h200.toml --variants gnn-prior":
-        ("trains 17 models and refits the prior 17 times (52 minutes on one core); test_protocol.py and "
-         "test_prior_fit.py run the protocol and the per-fold refit on synthetic data", "parse"),
+    "gnn-ptp evaluate --protocol lofo --data datasets/h200 --config training/protocol_h200.toml --variants gnn-prior "
+    "--seeds 0,1 --jobs 2 --threads 1":
+        ("trains 34 models and refits the prior 34 times (52 minutes on two cores); test_protocol.py and "
+         "test_prior_fit.py run the protocol, parallel folds and the per-fold refit on synthetic data", "parse"),
     "gnn-ptp evaluate --protocol size --data datasets/h200 --config training/protocol_h200.toml --variants gnn-prior "
-    "--seeds 0,1,2": ("trains 3 models over 3 prior refits (4 minutes); test_protocol.py runs it on synthetic data",
-                      "parse"),
+    "--seeds 0,1,2 --jobs 2 --threads 1":
+        ("trains 3 models over 3 prior refits (2.5 minutes on two cores); test_protocol.py runs it on synthetic "
+         "data", "parse"),
     "gnn-ptp sweep --data datasets/cpu --trials 40 --write-best training/best.toml":
         ("40 training runs (hours); test_sweep.py runs small studies", "parse"),
     "gnn-ptp calibrate-comm --out mycluster.json --procs 2,4":

@@ -1,0 +1,128 @@
+"""Where the physical prior's step error comes from, on a GPU folder with per-op profiles.
+
+    python benchmarks/prior_error_sources.py --data datasets/h200
+
+Every profiled configuration is priced twice through the same step model (``prior.graph_phase_ms``: one
+launch queue through forward, backward and optimizer, with the calibration's host costs):
+
+- **prior**: every kernel's device time from the prior's curves (what ``predict --analytic`` does);
+- **measured kernels**: every kernel the profile matched (``match.py``) at its measured device time, the
+  rest (unmatched) at the prior's.
+
+The gap between the two columns is the part of the error the per-kernel curves cause; what is left in the
+second column belongs to the step model (host costs, the queue, synchronisations it does not know) and to
+the kernels the profile did not match. The shipped calibration has seen most families' kernels and steps,
+so this is a decomposition, not a held-out score (``calibrate_prior.py --lofo`` and ``evaluate --protocol``
+give those). Also printed: per family, the median of the kernels' device time (measured, or the prior's
+where unmatched) over the measured step (low: the host sets the pace), and the kernel categories that hold the most time with the prior's sum over the measured
+one; per precision class, the median predicted / measured time of each phase.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from gnn_ptp import dataset, node_labels, ops, prior  # noqa: E402
+from gnn_ptp.hardware import get_hardware  # noqa: E402
+
+PHASES = ("forward", "backward", "optimizer")
+
+
+def measured_kernels(sample, per_profile: list[torch.Tensor]) -> torch.Tensor | None:
+    """Per node, the measured device seconds (profiles averaged), NaN where no profile matched it."""
+    stack = torch.stack(per_profile)
+    seconds = torch.nanmean(stack, 0) if stack.shape[0] > 1 else stack[0]
+    return seconds if seconds.numel() == int(sample.num_nodes) else None
+
+
+def decompose(samples: list, node_seconds: dict, profile: prior.Profile) -> list[dict]:
+    """Per profiled sample: phase ms of the prior, of the measured kernels, measured; kernel sums."""
+    rows = []
+    for s in samples:
+        if s.key not in node_seconds:
+            continue
+        measured = measured_kernels(s, node_seconds[s.key])
+        if measured is None:
+            continue
+        predicted = prior.node_seconds(s.x, s.x_cat, profile)
+        matched = ~torch.isnan(measured) & (measured > 0)
+        hybrid = torch.where(matched, measured, predicted)
+        grad_bytes = getattr(s, "grad_bytes", None)
+        category = defaultdict(lambda: [0.0, 0.0])
+        for c in s.x_cat[matched, 1].unique().tolist():
+            for p in range(3):
+                m = matched & (s.x_cat[:, 1] == c) & (s.phase == p)
+                if bool(m.any()):
+                    cell = category[f"{ops.CATEGORIES[c]}/{PHASES[p][0]}"]
+                    cell[0] += float(measured[m].sum())
+                    cell[1] += float(predicted[m].sum())
+        rows.append({"family": s.family, "precision": s.precision,
+                     "prior": prior.graph_phase_ms(predicted, s.phase, profile, grad_bytes).numpy(),
+                     "kernels": prior.graph_phase_ms(hybrid, s.phase, profile, grad_bytes).numpy(),
+                     "true": s.y[0].double().exp().numpy()[:3],
+                     "kernel_ms": float(hybrid.sum()) * 1e3, "category": dict(category)})
+    return rows
+
+
+def _ape(pred: np.ndarray, true: np.ndarray) -> float:
+    return float(np.mean(np.abs(pred / true - 1)) * 100)
+
+
+def print_tables(rows: list[dict]) -> None:
+    groups = defaultdict(list)
+    for r in rows:
+        groups[r["family"]].append(r)
+    print(f"{'family':<20}{'n':>5}  {'step MAPE':>22}  {'per phase MAPE, prior / measured kernels':>48}"
+          f"  {'kernels':>8}  top kernel categories: share of step, prior / measured")
+    print(f"{'':<20}{'':>5}  {'prior':>10}  {'kernels':>10}  {'forward':>14}  {'backward':>14}  "
+          f"{'optimizer':>14}  {'/ step':>8}")
+    for name in [*sorted(groups), "all"]:
+        rs = rows if name == "all" else groups[name]
+        P, K, T = (np.array([r[k] for r in rs]) for k in ("prior", "kernels", "true"))
+        phases = "  ".join(f"{_ape(P[:, i], T[:, i]):5.1f} / {_ape(K[:, i], T[:, i]):5.1f}" for i in range(3))
+        share = np.median([r["kernel_ms"] / r["true"].sum() for r in rs])
+        line = (f"{name:<20}{len(rs):>5}  {_ape(P.sum(1), T.sum(1)):9.1f}%  {_ape(K.sum(1), T.sum(1)):9.1f}%  "
+                f"{phases}  {share:8.2f}")
+        if name != "all":
+            total = sum(r["true"].sum() for r in rs) * 1e-3
+            cats = defaultdict(lambda: [0.0, 0.0])
+            for r in rs:
+                for c, (m, p) in r["category"].items():
+                    cats[c][0] += m
+                    cats[c][1] += p
+            top = sorted(cats.items(), key=lambda kv: -kv[1][0])[:3]
+            line += "  " + ", ".join(f"{c} {m / total * 100:.0f}% x{p / m:.2f}" for c, (m, p) in top)
+        print(line)
+    print("\nmedian predicted / measured per phase (forward, backward, optimizer), by precision class:")
+    by_precision = defaultdict(list)
+    for r in rows:
+        by_precision[r["precision"]].append(r)
+    for name, rs in sorted(by_precision.items()):
+        P, K, T = (np.array([r[k] for r in rs]) for k in ("prior", "kernels", "true"))
+        fmt = lambda a: " ".join(f"{v:.2f}" for v in np.median(a / T, 0))  # noqa: E731
+        print(f"  {name:<14} n {len(rs):4d}   prior {fmt(P)}   measured kernels {fmt(K)}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--data", default="datasets/h200")
+    args = ap.parse_args()
+    measured = dataset.measured_configs(args.data)
+    hw = get_hardware(measured[0].hardware)
+    samples = dataset.make_samples(measured, dataset.load_graphs(args.data, measured, True))
+    profile = prior.get_profile(hw)
+    rows = decompose(samples, node_labels.node_seconds(args.data, measured), profile)
+    print(f"{args.data}: {len(rows)} profiled configurations of {len(samples)} on {hw.description}")
+    print(f"calibration: {profile.source}\n")
+    print_tables(rows)
+
+
+if __name__ == "__main__":
+    main()
