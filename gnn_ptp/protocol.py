@@ -24,7 +24,8 @@ noisy measurements, sqrt(2/pi) x the measurements' relative standard deviation /
 configurations measured more than once.
 
 Training many models takes time: ``--epochs``, ``--patience``, ``--families`` and ``--seeds`` set the
-budget (CI runs it on synthetic data in seconds).
+budget, ``--jobs`` trains that many folds at once in forked processes (CI runs it all on synthetic data in
+seconds). Every fold's per-configuration predictions are kept in the result (``folds[].pred_ms``).
 """
 
 from __future__ import annotations
