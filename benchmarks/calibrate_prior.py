@@ -304,7 +304,7 @@ def fit_profiles(data: Path, fit_families: list[str], by_category: bool = True,
     ``fit_families`` (gnn_ptp/prior_fit.py); errors on the kernels and steps of every other family."""
     from gnn_ptp import prior_fit
 
-    hw, samples, seconds = _load_profiled(data)
+    hw, samples, seconds = prior_fit.load_profiled(data)
     fit_s = [s for s in samples if s.family in fit_families]
     held_s = [s for s in samples if s.family not in fit_families]
     if not fit_s or not held_s:
@@ -342,7 +342,7 @@ def fit_profiles_lofo(data: Path, hold_out: list[str] = (), **device_kw) -> tupl
     error from fitting the same way with one family left out at a time (``prior_fit.leave_one_family_out``)."""
     from gnn_ptp import prior_fit
 
-    hw, samples, seconds = _load_profiled(data)
+    hw, samples, seconds = prior_fit.load_profiled(data)
     print(f"leave one family out ({len({s.family for s in samples})} families, {len(samples)} steps):")
     lofo = prior_fit.leave_one_family_out(samples, seconds, hw, log=print, **device_kw)
     unknown = sorted(set(hold_out) - {s.family for s in samples})
@@ -369,17 +369,6 @@ def fit_profiles_lofo(data: Path, hold_out: list[str] = (), **device_kw) -> tupl
     by_class = ", ".join(f"{k} {v:.0f} %" for k, v in lofo["by_precision"].items())
     families = sorted({s.family for s in samples})
     return _section(hw, env, source, summary, by_class, fitted, profile, families, errors), errors
-
-
-def _load_profiled(data: Path):
-    """(hardware, samples, per-node measured seconds) of a GPU dataset with per-op profiles."""
-    from gnn_ptp import dataset, node_labels
-    from gnn_ptp.hardware import get_hardware
-
-    measured = dataset.measured_configs(data)
-    hw = get_hardware(measured[0].hardware)
-    samples = dataset.make_samples(measured, dataset.load_graphs(data, measured, True))
-    return hw, samples, node_labels.node_seconds(data, measured)
 
 
 def _first_env(data: Path) -> dict:

@@ -29,17 +29,9 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from gnn_ptp import dataset, node_labels, ops, prior  # noqa: E402
-from gnn_ptp.hardware import get_hardware  # noqa: E402
+from gnn_ptp import ops, prior, prior_fit  # noqa: E402
 
 PHASES = ("forward", "backward", "optimizer")
-
-
-def measured_kernels(sample, per_profile: list[torch.Tensor]) -> torch.Tensor | None:
-    """Per node, the measured device seconds (profiles averaged), NaN where no profile matched it."""
-    stack = torch.stack(per_profile)
-    seconds = torch.nanmean(stack, 0) if stack.shape[0] > 1 else stack[0]
-    return seconds if seconds.numel() == int(sample.num_nodes) else None
 
 
 def decompose(samples: list, node_seconds: dict, profile: prior.Profile) -> list[dict]:
@@ -48,7 +40,7 @@ def decompose(samples: list, node_seconds: dict, profile: prior.Profile) -> list
     for s in samples:
         if s.key not in node_seconds:
             continue
-        measured = measured_kernels(s, node_seconds[s.key])
+        measured = prior_fit.measured_node_seconds(s, node_seconds[s.key])
         if measured is None:
             continue
         predicted = prior.node_seconds(s.x, s.x_cat, profile)
@@ -114,11 +106,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data", default="datasets/h200")
     args = ap.parse_args()
-    measured = dataset.measured_configs(args.data)
-    hw = get_hardware(measured[0].hardware)
-    samples = dataset.make_samples(measured, dataset.load_graphs(args.data, measured, True))
+    hw, samples, node_seconds = prior_fit.load_profiled(args.data)
     profile = prior.get_profile(hw)
-    rows = decompose(samples, node_labels.node_seconds(args.data, measured), profile)
+    rows = decompose(samples, node_seconds, profile)
     print(f"{args.data}: {len(rows)} profiled configurations of {len(samples)} on {hw.description}")
     print(f"calibration: {profile.source}\n")
     print_tables(rows)

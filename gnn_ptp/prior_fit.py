@@ -59,6 +59,26 @@ class KernelRows:
         return int(self.seconds.numel())
 
 
+def load_profiled(data):
+    """(hardware, samples, per-node measured seconds: ``node_labels.node_seconds``) of a GPU dataset
+    folder with per-op profiles."""
+    from gnn_ptp import dataset, node_labels
+    from gnn_ptp.hardware import get_hardware
+
+    measured = dataset.measured_configs(data)
+    hw = get_hardware(measured[0].hardware)
+    samples = dataset.make_samples(measured, dataset.load_graphs(data, measured, True))
+    return hw, samples, node_labels.node_seconds(data, measured)
+
+
+def measured_node_seconds(sample, per_profile: list[torch.Tensor]) -> torch.Tensor | None:
+    """A sample's per-node measured device seconds (its profiles averaged; NaN where none matched the
+    node), or None where the profiles were matched onto a graph of another node count."""
+    stack = torch.stack(per_profile)
+    measured = torch.nanmean(stack, 0) if stack.shape[0] > 1 else stack[0]
+    return measured if measured.numel() == int(sample.num_nodes) else None
+
+
 def kernel_rows(samples: list, node_seconds: dict[str, list[torch.Tensor]]) -> KernelRows:
     """Rows of every node with a measured device time > 0 (``node_seconds``: per configuration key, one
     tensor of per-node seconds per profile, NaN where unmatched; profiles of a configuration averaged)."""
@@ -68,9 +88,8 @@ def kernel_rows(samples: list, node_seconds: dict[str, list[torch.Tensor]]) -> K
         per_profile = node_seconds.get(s.key)
         if not per_profile:
             continue
-        stack = torch.stack(per_profile)
-        measured = torch.nanmean(stack, 0) if stack.shape[0] > 1 else stack[0]
-        if measured.numel() != int(s.num_nodes):
+        measured = measured_node_seconds(s, per_profile)
+        if measured is None:
             continue
         keep = ~torch.isnan(measured) & (measured > 0)
         if not bool(keep.any()):

@@ -272,10 +272,14 @@ _FOLDS: dict = {}
 """What a forked fold worker runs: the parent sets it before the pool forks (``_map_folds``)."""
 
 
+def _timed(fn, index: int, task):
+    start = time.perf_counter()
+    return index, fn(task), time.perf_counter() - start
+
+
 def _fold_worker(index: int):
     torch.set_num_threads(_FOLDS["threads"])
-    start = time.perf_counter()
-    return index, _FOLDS["fn"](_FOLDS["tasks"][index]), time.perf_counter() - start
+    return _timed(_FOLDS["fn"], index, _FOLDS["tasks"][index])
 
 
 def _map_folds(budget: Budget, fn, tasks: list, log=None):
@@ -312,8 +316,7 @@ def _map_folds(budget: Budget, fn, tasks: list, log=None):
             _FOLDS.clear()
     for i, task in enumerate(tasks):
         if i not in done:
-            start = time.perf_counter()
-            yield i, fn(task), time.perf_counter() - start
+            yield _timed(fn, i, task)
 
 
 # --- scoring ---------------------------------------------------------------------------------------------
