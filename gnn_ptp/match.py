@@ -5,8 +5,10 @@ what they called, each with its input shapes, phase and time. The traced graph h
 (``graph.to_tensors``). Per phase, both are walked in order: a graph node is matched to the next profiled
 op of the same canonical name (``ops.canonical``) that is not inside an op already matched, preferring one
 whose first input has the node's first input shape, within a window of the profile (and a short look back
-for ops run in another order). A matched node's time
-is its op's inclusive time: device time on a GPU, host time on a CPU.
+for ops run in another order). A matched node's time is its op's inclusive time (device time on a GPU, host
+time on a CPU) less the inclusive time of what it called that an earlier node already took: an autocast
+cast inside ``nll_loss`` or the ``clone`` inside an in-place ``hardswish_`` is its own graph node, matched
+first, and is not counted again in its caller's. So no phase matches more than its profiled total.
 
 What is not matched is reported by name: composite wrappers' own host time (``aten::linear`` around its
 ``addmm``), ops the tracer does not see, fused or decomposed differently. ``matched_share`` is the matched
@@ -22,9 +24,10 @@ from dataclasses import dataclass, field
 from gnn_ptp import ops
 from gnn_ptp.trace import PHASES, TracedStep
 
-MATCH_VERSION = 2
+MATCH_VERSION = 3
 """Bumped when the matching changes what a node takes (caches of matches carry it). 2: a short look back,
-and only ops some graph node could take count in the window."""
+and only ops some graph node could take count in the window. 3: a node's time leaves out what it called
+that is already another node's (no time counted twice)."""
 WINDOW = 400
 """How far ahead in a phase's profiled ops a graph node's partner is looked for."""
 NAME_ONLY_WINDOW = 24
@@ -134,13 +137,19 @@ def match_profile(traced: TracedStep | None, profile: dict, nodes: list | None =
                 unmatched_nodes[op] += 1
                 continue
             i = candidates[best]
-            node_ms[n] = rows[i][incl] / 1e3
-            matched_ms[phase] += rows[i][incl] / 1e3
-            stack = [i]
-            while stack:  # the op and everything it called belong to this node
+            own_us = rows[i][incl]
+            stack = list(children.get(i, ()))
+            while stack:  # what it called belongs to this node, but for ops already another node's
                 j = stack.pop()
+                if covered[j]:
+                    own_us -= rows[j][incl]
+                    continue
                 covered[j] = True
                 stack.extend(children.get(j, ()))
+            covered[i] = True
+            own_us = max(own_us, 0.0)
+            node_ms[n] = own_us / 1e3
+            matched_ms[phase] += own_us / 1e3
             pos = max(pos, best + 1)
     unmatched_ms: Counter = Counter()
     for i, r in enumerate(rows):

@@ -16,7 +16,8 @@ profile). A configuration without a profile has an all-false mask.
 
 Matching needs the traced step's kernels (op names and input shapes: ``match.kernel_nodes``), not the
 cached graph tensors. ``<data>/.cache/node-labels-<versions>.pt`` keeps them per configuration and each
-profile's match by record id, so a configuration is traced once and a new profile costs its match only.
+profile's match by record id, so a configuration is traced once and a new profile costs its match only;
+a new ``match.MATCH_VERSION`` re-matches the profiles and keeps the traced kernels.
 """
 
 from __future__ import annotations
@@ -102,9 +103,8 @@ def _cache_path(data_dir: Path, cuda: bool = False) -> Path:
     import transformers
 
     from gnn_ptp.graph import FEATURE_VERSION
-    from gnn_ptp.match import MATCH_VERSION
 
-    versions = f"f{FEATURE_VERSION}-m{MATCH_VERSION}-torch{torch.__version__.split('+')[0]}-tf{transformers.__version__}"
+    versions = f"f{FEATURE_VERSION}-torch{torch.__version__.split('+')[0]}-tf{transformers.__version__}"
     if cuda:
         from gnn_ptp.cuda_dispatch import DISPATCH_VERSION
 
@@ -120,10 +120,17 @@ def _cache_of(data_dir, measured: list) -> Path:
 
 
 def _read_cache(path: Path) -> dict:
+    """The cache, with its profile matches dropped when another ``match.MATCH_VERSION`` made them (the
+    traced kernel nodes do not depend on the matching and are kept)."""
+    from gnn_ptp.match import MATCH_VERSION
+
     try:
-        return torch.load(path, weights_only=True) if path.is_file() else {}
+        cache = torch.load(path, weights_only=True) if path.is_file() else {}
     except Exception:  # a damaged cache is rebuilt, never trusted
         return {}
+    if cache and cache.get("match_version") != MATCH_VERSION:
+        cache["profiles"] = {}
+    return cache
 
 
 def _write_cache(path: Path, nodes: dict, matched: dict, failed: dict, absent) -> None:
@@ -131,8 +138,11 @@ def _write_cache(path: Path, nodes: dict, matched: dict, failed: dict, absent) -
     matches by record id, and the ids whose profile file turned out not to hold them."""
     from gnn_ptp.store import atomic_torch_save
 
+    from gnn_ptp.match import MATCH_VERSION
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_torch_save({"nodes": nodes, "profiles": matched, "failed": failed, "absent": sorted(absent)}, path)
+    atomic_torch_save({"nodes": nodes, "profiles": matched, "failed": failed, "absent": sorted(absent),
+                       "match_version": MATCH_VERSION}, path)
 
 
 def remember_nodes(data_dir, measured: list, nodes: dict[str, list]) -> None:

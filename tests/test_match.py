@@ -148,3 +148,53 @@ def test_h200_llama_profile_matches_cudnn_attention_nodes():
     (with_cudnn, share_211), (with_flash, share_210) = shares.values()
     assert with_cudnn >= 0.95 and with_flash == 0  # 43 of 44 on 2026-11-24; the walk loses one near the end
     assert share_211 > share_210
+
+
+# --- no time counted twice ----------------------------------------------------------------------------
+
+
+def test_a_callers_time_leaves_out_what_another_node_took():
+    """Synthetic profile (made up here, shaped like the H200 profiles of MobileNetV3): an in-place
+    ``hardswish_`` runs its ``clone`` inside itself, and the graph has the clone as its own node before the
+    hardswish. The clone's node takes the inner row; the hardswish's node gets the rest of its row's time,
+    not both again, so the phase's matched time is its profiled total."""
+    names = ["aten::hardswish_", "aten::clone", "aten::convolution"]
+    sigs = [[[[2, 3]], ["float"]]]
+    rows = [[0, 0, 0, -1, 1, 0.0, 9.0, 1.0, 1000.0, 3000.0],  # hardswish_: 3 ms inclusive, 1 ms its own
+            [1, 0, 0, 0, 1, 1.0, 8.0, 8.0, 2000.0, 2000.0],    # clone inside it: 2 ms
+            [2, 0, 0, -1, 1, 10.0, 5.0, 5.0, 4000.0, 4000.0]]  # the next layer: 4 ms
+    profile = {"schema": 1, "device": "cuda", "names": names, "sigs": sigs, "columns": COLUMNS, "ops": rows}
+    nodes = [("clone", 0, (2, 3)), ("hardswish", 0, (2, 3)), ("convolution", 0, (2, 3))]
+    m = match.match_profile(None, profile, nodes)
+    assert m.node_ms == pytest.approx([2.0, 1.0, 4.0])
+    assert m.matched_ms["forward"] == pytest.approx(m.total_ms["forward"]) == pytest.approx(7.0)
+    # with no node of its own, the clone stays inside the hardswish's time
+    m = match.match_profile(None, profile, nodes[1:])
+    assert m.node_ms == pytest.approx([3.0, 4.0]) and m.matched_share == pytest.approx(1.0)
+
+
+@pytest.mark.skipif(not (H200 / "h100.jsonl").is_file(), reason="the H200 dataset is not in this checkout")
+def test_h200_profiles_never_match_more_than_they_hold():
+    """Real H200 steps under amp-fp16 (autocast casts inside ``nll_loss`` and ``layer_norm``, clones inside
+    in-place activations): no phase's matched time exceeds its profiled total. Before MATCH_VERSION 3,
+    465 of the 1,448 profiles did (up to 118 %)."""
+    import gzip
+    import json
+
+    wanted = {"torchvision:mobilenet_v3_large", "hf:gpt2", "torchvision:convnext_tiny"}
+    chosen = {}
+    for r in records.iter_records(H200):
+        spec = r["config"]["spec"]
+        if (r["status"] == "ok" and r.get("profile") and spec in wanted and spec not in chosen
+                and r["config"]["precision"] == "amp-fp16" and (H200 / r["profile"]["file"]).is_file()):
+            chosen[spec] = r
+    if not chosen:
+        pytest.skip("no profiled amp-fp16 record of these families in this checkout")
+    for r in chosen.values():
+        with gzip.open(H200 / r["profile"]["file"], "rt") as fh:
+            profile = next(p for p in map(json.loads, fh) if p["id"] == r["id"])
+        traced = trace_step(dataset.step_config_of(r["config"], "cuda", kernels=r["env"]["torch"]))
+        m = match.match_profile(traced, profile)
+        for phase in m.total_ms:
+            assert m.matched_ms[phase] <= m.total_ms[phase] * (1 + 1e-9), (r["config"]["spec"], phase)
+        assert m.matched_share > 0.8, (r["config"]["spec"], m.matched_share)
