@@ -29,6 +29,7 @@ Nothing here reads a step of a family it holds out, or any public end-to-end fig
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass
 
@@ -54,6 +55,10 @@ class KernelRows:
     category: list[str]
     family: list[str]
     seconds: torch.Tensor
+    draw: torch.Tensor | None = None
+    """Per row, a number in [0, 1) fixed by its configuration key and node index (``row_draws``):
+    ``subsample`` keeps the rows with the smallest, so which rows a fit sees does not depend on the order
+    or company its configurations come in."""
 
     def __len__(self) -> int:
         return int(self.seconds.numel())
@@ -82,7 +87,7 @@ def measured_node_seconds(sample, per_profile: list[torch.Tensor]) -> torch.Tens
 def kernel_rows(samples: list, node_seconds: dict[str, list[torch.Tensor]]) -> KernelRows:
     """Rows of every node with a measured device time > 0 (``node_seconds``: per configuration key, one
     tensor of per-node seconds per profile, NaN where unmatched; profiles of a configuration averaged)."""
-    parts = {k: [] for k in ("flops", "moved", "dtype", "gemm", "tc", "cat", "family", "s")}
+    parts = {k: [] for k in ("flops", "moved", "dtype", "gemm", "tc", "cat", "family", "s", "draw")}
     gemm_ids = torch.tensor([ops.CATEGORIES.index(c) for c in ops.TENSOR_CORE_CATEGORIES])
     for s in samples:
         per_profile = node_seconds.get(s.key)
@@ -103,11 +108,19 @@ def kernel_rows(samples: list, node_seconds: dict[str, list[torch.Tensor]]) -> K
         parts["cat"] += [ops.CATEGORIES[c] for c in x_cat[:, 1].tolist()]
         parts["family"] += [s.family] * int(keep.sum())
         parts["s"].append(measured[keep].double())
+        parts["draw"].append(row_draws(s.key, keep.numel())[keep])
     if not parts["s"]:
         raise ValueError("no profiled node with a measured device time")
     return KernelRows(torch.cat(parts["flops"]), torch.cat(parts["moved"]), parts["dtype"],
                       torch.cat(parts["gemm"]), torch.cat(parts["tc"]), parts["cat"], parts["family"],
-                      torch.cat(parts["s"]))
+                      torch.cat(parts["s"]), torch.cat(parts["draw"]))
+
+
+def row_draws(key: str, n: int) -> torch.Tensor:
+    """``n`` uniform numbers in [0, 1) seeded by a configuration key (its first 16 hex digits): the same
+    for a configuration whatever else is fitted beside it."""
+    seed = int(hashlib.sha256(key.encode()).hexdigest()[:15], 16)
+    return torch.rand(n, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
 
 
 # --- stage 1: device curves --------------------------------------------------------------------------------
@@ -328,14 +341,18 @@ def _summary(pred: np.ndarray, true: np.ndarray) -> dict:
 
 
 def subsample(rows: KernelRows, limit: int, seed: int = 0) -> KernelRows:
-    """At most ``limit`` rows, drawn uniformly with a fixed seed (the device fit's cost grows with rows)."""
+    """At most ``limit`` rows (the device fit's cost grows with rows), drawn uniformly: those with the
+    smallest ``draw``, so the same rows whatever order they come in; rows without draws are drawn with a
+    fixed ``seed``."""
     if len(rows) <= limit:
         return rows
-    keep = torch.randperm(len(rows), generator=torch.Generator().manual_seed(seed))[:limit].sort().values
+    draw = rows.draw if rows.draw is not None else torch.rand(
+        len(rows), generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    keep = torch.argsort(draw, stable=True)[:limit].sort().values
     pick = keep.tolist()
     return KernelRows(rows.flops[keep], rows.moved[keep], [rows.dtype[i] for i in pick], rows.gemm[keep],
                       rows.tensor_core[keep], [rows.category[i] for i in pick], [rows.family[i] for i in pick],
-                      rows.seconds[keep])
+                      rows.seconds[keep], draw[keep])
 
 
 def fit(samples: list, node_seconds: dict, hw: Hardware, max_rows: int | None = None, **device_kw):

@@ -150,3 +150,27 @@ def test_protocol_refits_a_gpu_prior_per_fold_on_the_training_families_only():
     before = [s.prior_log_ms.clone() for part in parts.values() for s in part]
     assert PriorRefit({"h100": seconds}).apply(parts) == {}
     assert all(torch.equal(a, s.prior_log_ms) for a, s in zip(before, (s for p in parts.values() for s in p)))
+
+
+def test_the_subsample_does_not_depend_on_the_order_configurations_come_in():
+    """SYNTHETIC rows of two 'configurations', each with its ``row_draws``: concatenated in either order,
+    the subsample keeps the same rows (the per-fold prior of a protocol run does not follow its seed)."""
+    a, b = _synthetic_rows(600, seed=1), _synthetic_rows(900, seed=2)
+    a.draw, b.draw = prior_fit.row_draws("config-a", 600), prior_fit.row_draws("config-b", 900)
+    assert torch.equal(a.draw, prior_fit.row_draws("config-a", 600))  # fixed by the key
+    assert not torch.equal(a.draw, prior_fit.row_draws("config-b", 600))
+
+    def cat(first, second):
+        return prior_fit.KernelRows(
+            torch.cat([first.flops, second.flops]), torch.cat([first.moved, second.moved]),
+            first.dtype + second.dtype, torch.cat([first.gemm, second.gemm]),
+            torch.cat([first.tensor_core, second.tensor_core]), first.category + second.category,
+            first.family + second.family, torch.cat([first.seconds, second.seconds]),
+            torch.cat([first.draw, second.draw]))
+
+    kept_ab = prior_fit.subsample(cat(a, b), 500)
+    kept_ba = prior_fit.subsample(cat(b, a), 500)
+    assert len(kept_ab) == len(kept_ba) == 500
+    assert torch.equal(kept_ab.seconds.sort().values, kept_ba.seconds.sort().values)
+    every = torch.cat([a.draw, b.draw]).sort().values
+    assert kept_ab.draw.max() == every[499]  # the 500 smallest draws
