@@ -136,9 +136,8 @@ def _read_cache(path: Path) -> dict:
 def _write_cache(path: Path, nodes: dict, matched: dict, failed: dict, absent) -> None:
     """The folder's node-label cache: traced kernel nodes and failures by configuration key, profile
     matches by record id, and the ids whose profile file turned out not to hold them."""
-    from gnn_ptp.store import atomic_torch_save
-
     from gnn_ptp.match import MATCH_VERSION
+    from gnn_ptp.store import atomic_torch_save
 
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_torch_save({"nodes": nodes, "profiles": matched, "failed": failed, "absent": sorted(absent),

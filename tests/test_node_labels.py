@@ -120,6 +120,30 @@ def test_load_graphs_hands_its_trace_to_node_labels_and_nothing_is_traced_twice(
         assert torch.equal(lab["mask"], expected[key]["mask"]) and torch.allclose(lab["share"], expected[key]["share"])
 
 
+def test_a_new_match_version_rematches_profiles_and_keeps_the_traced_kernels(harvested, labelled, tmp_path,
+                                                                             monkeypatch):
+    """The cache made under another ``MATCH_VERSION`` (here: one that is about to be bumped) keeps its
+    traced kernels: the next ``load`` traces nothing, matches every profile again, and gives the same
+    labels as the matcher it now runs."""
+    import shutil
+
+    from gnn_ptp import match
+
+    folder = tmp_path / "cpu"
+    shutil.copytree(harvested, folder)  # with its warm cache
+    measured = dataset.measured_configs(folder)
+    node_labels.load(folder, measured, log=lambda m: None)
+    monkeypatch.setattr(match, "MATCH_VERSION", match.MATCH_VERSION + 1)
+    said = []
+    labels = node_labels.load(folder, measured, log=said.append)
+    assert said[0].startswith("node labels: tracing 0 configurations, matching 12 profiles"), said
+    for key, lab in labels.items():
+        assert torch.allclose(lab["share"], labelled[2][key]["share"])
+    said.clear()
+    node_labels.load(folder, measured, log=said.append)
+    assert not said  # the re-matched profiles were kept under the new version
+
+
 def test_mask_semantics(labelled):
     measured, samples, labels = labelled
     first, second = samples[0], samples[1]
