@@ -117,8 +117,9 @@ def kernel_rows(samples: list, node_seconds: dict[str, list[torch.Tensor]]) -> K
 
 
 def row_draws(key: str, n: int) -> torch.Tensor:
-    """``n`` uniform numbers in [0, 1) seeded by a configuration key (its first 16 hex digits): the same
-    for a configuration whatever else is fitted beside it."""
+    """``n`` uniform numbers in [0, 1) seeded by a configuration key (the first 15 hex digits of its
+    SHA-256: a seed a 64-bit generator takes), the same for a configuration whatever else is fitted
+    beside it."""
     seed = int(hashlib.sha256(key.encode()).hexdigest()[:15], 16)
     return torch.rand(n, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
 
