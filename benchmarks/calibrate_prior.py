@@ -400,7 +400,8 @@ def _section(hw, env: dict, source: str, summary: str, by_class: str, fitted: di
                  f"({env.get('cpu_kind') or env.get('cpu_model')}, torch {env.get('torch')}): small, host-bound "
                  "models move with the host"),
     }
-    return {"source": source, "expected_error": expected, "fitted_on": hw.name,
+    cpu = {"cpu_model": env.get("cpu_kind") or env.get("cpu_model")} if hw.kind == "cpu" else {}
+    return {"source": source, "expected_error": expected, "fitted_on": hw.name, **cpu,
             "gemm": fitted["gemm"], "vector": fitted["vector"], "memory": fitted["memory"],
             "launch_floor_s": fitted["device_floor_s"], "host_issue_s": host,
             "host_fixed_s": list(profile.host_fixed_s), "fit_families": fit_families, "errors": errors}
@@ -479,11 +480,14 @@ def main() -> None:
             section, e = fit_profiles_lofo(args.profiles, [f for f in args.hold_out.split(",") if f], **kw)
         else:
             section, e = fit_profiles(args.profiles, [f for f in args.fit_families.split(",") if f], **kw)
-        if "h100" in table and "host_issue_s" not in table["h100"]:
+        name = "cpu" if section["fitted_on"] == "cpu" else "h100"
+        if name == "h100" and "h100" in table and "host_issue_s" not in table["h100"]:
             table["h100-neusight"] = table["h100"]  # the earlier public-kernel fit, kept for comparison
-        table["h100"] = section
-        print("h100:", json.dumps({k: section[k] for k in ("gemm", "vector", "memory", "launch_floor_s",
-                                                            "host_issue_s", "host_fixed_s")}, indent=1))
+        if name == "cpu" and "cpu" in table and "host_issue_s" not in table["cpu"]:
+            table["microbench-cpu"] = table["cpu"]  # the microbenchmark fit (--cpu), kept for comparison
+        table[name] = section
+        print(f"{name}:", json.dumps({k: section[k] for k in ("gemm", "vector", "memory", "launch_floor_s",
+                                                               "host_issue_s", "host_fixed_s")}, indent=1))
         print_lofo(e) if args.lofo else print_profile_errors(e)
     if args.neusight:
         table["h100"], e = fit_h100(args.neusight)

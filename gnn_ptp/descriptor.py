@@ -84,7 +84,7 @@ class Descriptor:
     def hardware(self) -> Hardware:
         return Hardware(self.name, self.description, dict(self.gemm_flops_per_s),
                         vector_flops_per_s=self.vector_flops_per_s,
-                        memory_bandwidth_Bps=self.memory_bandwidth_Bps, source=self.source)
+                        memory_bandwidth_Bps=self.memory_bandwidth_Bps, source=self.source, kind=self.kind)
 
     def curves_section(self) -> str:
         """The section of prior_calibration.json whose curves ``profile`` uses."""
@@ -99,7 +99,9 @@ class Descriptor:
         """The physical prior for this hardware: the calibrated curves of its kind (``cpu`` or ``h100``),
         with the calibrated machine's peaks scaled by this descriptor's rates over that machine's
         descriptor (measured the same way), so that on the calibrated machine itself the prior is
-        exactly the calibrated one and elsewhere it moves with the measured ceilings. A CPU kind whose
+        exactly the calibrated one and elsewhere it moves with the measured ceilings (its host costs, where
+        the curves have them, with the measured dispatch floor: Python and the dispatcher run on the same
+        core as that one-element op). A CPU kind whose
         own kernel curves were measured (``benchmarks/calibrate_prior.py --cpu --cpu-section
         cpu-<name>``: kernel timings, no training step) uses those instead."""
         from dataclasses import replace
@@ -117,9 +119,15 @@ class Descriptor:
         hw = Hardware(self.name, self.description, rates,
                       vector_flops_per_s=base_hw.vector_flops_per_s * self.vector_flops_per_s / ref.vector_flops_per_s,
                       memory_bandwidth_Bps=base_hw.memory_bandwidth_Bps * self.memory_bandwidth_Bps
-                      / ref.memory_bandwidth_Bps, source=self.source)
+                      / ref.memory_bandwidth_Bps, source=self.source, kind=self.kind)
         profile = prior.profile_from_dict(hw, table[curves])
-        return replace(profile, launch_floor_s=profile.launch_floor_s * self.launch_floor_s / ref.launch_floor_s)
+        host = self.launch_floor_s / ref.launch_floor_s  # per-op host work moves with the dispatch floor
+
+        def scaled(costs):
+            return tuple(c * host for c in costs) if costs else costs
+
+        return replace(profile, launch_floor_s=profile.launch_floor_s * host,
+                       host_issue_s=scaled(profile.host_issue_s), host_fixed_s=scaled(profile.host_fixed_s))
 
     def to_dict(self) -> dict:
         return asdict(self)

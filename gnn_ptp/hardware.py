@@ -26,6 +26,8 @@ class Hardware:
     memory_bandwidth_Bps: float = 0.0
     memory_bytes: float = 0.0
     source: str = ""
+    kind: str = "gpu"
+    """"gpu" or "cpu": a CPU runs its kernels on the thread that issues them (``prior.Profile.serial``)."""
 
     def flops_rate(self, dtype: str, tensor_core: bool, gemm: bool = False) -> float:
         """Peak rate of a kernel: GEMM-like kernels (matmul, convolution, attention; ``gemm``) and
@@ -57,7 +59,7 @@ HARDWARE: dict[str, Hardware] = {
         "cpu", "one thread of an AMD EPYC core (AVX-512, AVX512-BF16), this project's CPU machine",
         {"fp32": 68.6e9, "bf16": 177.6e9, "fp16": 1.1e9},
         vector_flops_per_s=2.6e9, memory_bandwidth_Bps=20.0e9, memory_bytes=24e9,
-        source="benchmarks/cpu_ceilings.py --threads 1, measured 2026-11-22"),
+        source="benchmarks/cpu_ceilings.py --threads 1, measured 2026-11-22", kind="cpu"),
 }
 
 

@@ -111,6 +111,12 @@ class Profile:
     fitted_on: str = ""
     """The hardware whose measured kernels and steps the curves were fitted to ("" where not so fitted)."""
 
+    @property
+    def serial(self) -> bool:
+        """A CPU: the thread that issues a kernel runs it, so a phase with host costs is their plain sum,
+        ``fixed + issues * host + sum t`` (``graph_phase_ms``), not a launch queue."""
+        return self.hardware.kind == "cpu"
+
     def gemm_curve(self, dtype: str, category: str = "matmul") -> Curve:
         """The curve of a GEMM-like kernel: its category's in its dtype, else the dtype's, else the
         matmul's in that dtype, else "default", else the plain roofline."""
@@ -219,7 +225,7 @@ def issue_seconds(seconds: torch.Tensor, phase: torch.Tensor, profile: Profile) 
     if not profile.host_issue_s:
         return seconds
     host = torch.tensor(profile.host_issue_s, dtype=torch.float64)[phase.long()]
-    return torch.maximum(seconds, host)
+    return seconds + host if profile.serial else torch.maximum(seconds, host)
 
 
 def log_node_ms(tensors, profile: Profile) -> torch.Tensor:
@@ -289,7 +295,8 @@ def graph_phase_ms(seconds: torch.Tensor, phase: torch.Tensor, profile: Profile,
                    grad_bytes: torch.Tensor | None = None) -> torch.Tensor:
     """[forward, backward, optimizer] ms of one graph's per-node device seconds (in graph order): where the
     profile has host costs, the step is one launch queue through its three phases (``phase_after``: the
-    GPU's lag carries from phase to phase, and from one step to the next); else the sums."""
+    GPU's lag carries from phase to phase, and from one step to the next), on a CPU (``Profile.serial``)
+    fixed + issues x host + the kernels; else the sums."""
     if not profile.host_issue_s:
         return torch.zeros(3, dtype=torch.float64).index_add(0, phase, seconds) * 1e3
     fixed = profile.host_fixed_s or (0.0, 0.0, 0.0)
@@ -297,6 +304,9 @@ def graph_phase_ms(seconds: torch.Tensor, phase: torch.Tensor, profile: Profile,
     for p in range(3):
         device = seconds[phase == p]
         devices.append(optimizer_issues(device, grad_bytes) if p == 2 else device)
+    if profile.serial:  # one thread issues and runs: nothing overlaps
+        return torch.tensor([fixed[p] + d.numel() * profile.host_issue_s[p] + float(d.sum()) if d.numel() else 0.0
+                             for p, d in enumerate(devices)], dtype=torch.float64) * 1e3
     lag = 0.0
     for _ in range(STEADY_PASSES):
         out = []

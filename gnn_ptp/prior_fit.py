@@ -127,10 +127,16 @@ def row_draws(key: str, n: int) -> torch.Tensor:
 # --- stage 1: device curves --------------------------------------------------------------------------------
 
 
-def _curve_t(p: torch.Tensor, size: torch.Tensor, intensity: torch.Tensor | None = None) -> torch.Tensor:
-    """A ``prior.Curve`` from raw parameters: logit of the peak fraction (a kernel cannot beat the
-    hardware's peak), log half size, log slope[, log intensity half, log intensity slope]."""
-    out = torch.sigmoid(p[0]) / (1 + (torch.exp(p[1]) / size.clamp_min(1.0)) ** torch.exp(p[2]))
+def _curve_t(p: torch.Tensor, size: torch.Tensor, intensity: torch.Tensor | None = None,
+             bounded: bool = True) -> torch.Tensor:
+    """A ``prior.Curve`` from raw parameters: the peak fraction (``bounded``: its logit, so that a GPU
+    kernel cannot beat the datasheet peak; else its log: a CPU's arrays in cache move faster than the DRAM
+    bandwidth, its vector units beat the quoted element-wise rate), the log half size, the slope (its log
+    where ``bounded``; else signed: a CPU's curves may fall with size)[, log intensity half, log intensity
+    slope]."""
+    fraction = torch.sigmoid(p[0]) if bounded else torch.exp(p[0])
+    slope = torch.exp(p[2]) if bounded else p[2]
+    out = fraction / (1 + (torch.exp(p[1]) / size.clamp_min(1.0)) ** slope)
     if intensity is not None and p.numel() > 3:
         out = out / (1 + (torch.exp(p[3]) / intensity.clamp_min(1e-3)) ** torch.exp(p[4]))
     return out
@@ -157,13 +163,20 @@ def _masks(groups: list[str]) -> dict[str, torch.Tensor]:
     return {name: torch.tensor([g == name for g in groups]) for name in sorted(set(groups))}
 
 
+def is_cpu(hw: Hardware) -> bool:
+    """A CPU (``gnn_ptp/hardware.py``'s ``cpu`` or a CPU kind's descriptor hardware): its curves are fitted
+    unbounded (``_curve_t``) and its steps are serial (``prior.Profile.serial``)."""
+    return hw.kind == "cpu"
+
+
 def _device_seconds(params: dict, rows: KernelRows, hw: Hardware, masks: dict, rates: torch.Tensor):
     compute = torch.zeros_like(rows.seconds)
     intensity = _intensity(rows)
+    bounded = not is_cpu(hw)
     for name, m in masks.items():
-        eff = _curve_t(params[name], rows.flops[m], intensity[m])
+        eff = _curve_t(params[name], rows.flops[m], intensity[m], bounded)
         compute = compute.masked_scatter(m, rows.flops[m] / (rates[m] * eff))
-    memory = rows.moved / (hw.memory_bandwidth_Bps * _curve_t(params["memory"], rows.moved))
+    memory = rows.moved / (hw.memory_bandwidth_Bps * _curve_t(params["memory"], rows.moved, bounded=bounded))
     floor = torch.exp(params["floor"]).expand_as(compute)
     # a smooth max keeps the gradient alive for the term that is not (yet) the largest
     terms = torch.stack([compute.clamp_min(1e-12), memory.clamp_min(1e-12), floor]).log()
@@ -186,9 +199,14 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
     masks = _masks(groups)
     names = sorted(masks)
     extra = [math.log(10.0), 0.0] if intensity else []
-    logit = lambda f: math.log(f / (1 - f))  # noqa: E731
-    init = {n: [logit(0.6), math.log(1e9 if n != "vector" else 1e7), 0.0] + extra for n in names}
-    init["memory"] = [logit(0.8), math.log(1e6), 0.0]
+    bounded = not is_cpu(hw)
+    if bounded:
+        logit = lambda f: math.log(f / (1 - f))  # noqa: E731
+        init = {n: [logit(0.6), math.log(1e9 if n != "vector" else 1e7), 0.0] + extra for n in names}
+        init["memory"] = [logit(0.8), math.log(1e6), 0.0]
+    else:  # a CPU: fractions of its measured peaks, a memory curve that falls out of cache
+        init = {n: [math.log(0.6), math.log(1e6 if n != "vector" else 1e4), 1.0] + extra for n in names}
+        init["memory"] = [math.log(2.0), math.log(4e6), -0.5]
     params = {n: torch.tensor(v, dtype=torch.float64, requires_grad=True) for n, v in init.items()}
     params["floor"] = torch.tensor(math.log(3e-6), dtype=torch.float64, requires_grad=True)
     opt = torch.optim.Adam(list(params.values()), lr=0.03)
@@ -204,7 +222,8 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
     with torch.no_grad():
         def curve(p):
             p = [float(v) for v in p]
-            out = {"peak_fraction": 1 / (1 + math.exp(-p[0])), "half_size": math.exp(p[1]), "slope": math.exp(p[2])}
+            out = {"peak_fraction": 1 / (1 + math.exp(-p[0])) if bounded else math.exp(p[0]),
+                   "half_size": math.exp(p[1]), "slope": math.exp(p[2]) if bounded else p[2]}
             if len(p) > 3:
                 out.update(intensity_half=math.exp(p[3]), intensity_slope=math.exp(p[4]))
             return out
@@ -269,7 +288,8 @@ def fit_host(samples: list, profile: prior.Profile, per_kernel_us=None, per_phas
     earlier phases leave (the forward first from lag 0, then again from the steady-state lag at the end of
     a step, ``prior.STEADY_PASSES``). The optimizer's kernels are counted as the step's parameter tensors
     (the backward kernels that finalise a gradient): a foreach kernel is one graph node but its host work
-    (and PyTorch's per-parameter bookkeeping) grows with the tensor count."""
+    (and PyTorch's per-parameter bookkeeping) grows with the tensor count. On a CPU (``Profile.serial``)
+    the phase is the plain sum ``fixed + issues * host + kernels``: no queue, no lag."""
     per_kernel = torch.tensor(np.arange(0.0, 150.01, 0.5) if per_kernel_us is None else per_kernel_us,
                               dtype=torch.float64) * 1e-6
     fixed = torch.tensor(np.arange(0.0, 3000.01, 25.0) if per_phase_us is None else per_phase_us,
@@ -284,10 +304,24 @@ def fit_host(samples: list, profile: prior.Profile, per_kernel_us=None, per_phas
             device = t[s.phase == p]
             if p == prior.PHASE_NAMES.index("optimizer"):
                 device = prior.optimizer_issues(device, getattr(s, "grad_bytes", None))
-            row.append((prior.queue_ms_grid(device, per_kernel) * 1e-3, float(device.sum()), device.numel(),
+            queue = None if profile.serial else prior.queue_ms_grid(device, per_kernel) * 1e-3
+            row.append((queue, float(device.sum()), device.numel(),
                         float(measured[p])))
         rows.append(row)
     host, base, report = [0.0] * phases, [0.0] * phases, {}
+    if profile.serial:  # a CPU: each phase is fixed + issues * host + its kernels, nothing overlaps
+        for p, name in enumerate(prior.PHASE_NAMES):
+            keep = [i for i, r in enumerate(rows) if r[p][2] and r[p][3] > 0]
+            if not keep:
+                continue
+            total, n, meas = (torch.tensor([rows[i][p][j] for i in keep], dtype=torch.float64) for j in (1, 2, 3))
+            pred = total[:, None, None] + n[:, None, None] * per_kernel[None, :, None] + fixed[None, None, :]
+            err = (pred.log() - meas.log()[:, None, None]).abs().mean(0)
+            hi, fi = divmod(int(err.argmin()), err.shape[1])
+            host[p], base[p] = float(per_kernel[hi]), float(fixed[fi])
+            report[name] = {"host_us_per_kernel": host[p] * 1e6, "fixed_us": base[p] * 1e6,
+                            "mean_abs_log_error": float(err[hi, fi]), "n": len(keep)}
+        return host, base, report
     lag_start = torch.zeros(len(rows), dtype=torch.float64)
     for _ in range(prior.STEADY_PASSES):
         lag = lag_start.clone()

@@ -163,12 +163,15 @@ def step_flops(sample) -> float:
 
 @dataclass
 class PriorRefit:
-    """The per-node measured seconds of GPU folders with per-op profiles (``node_labels.node_seconds``),
-    by hardware name: what refitting their prior in a fold needs."""
+    """The per-node measured seconds of folders with per-op profiles (``node_labels.node_seconds``), by
+    hardware name: what refitting their prior in a fold needs."""
 
     seconds: dict[str, dict]
     max_rows: int | None = prior_fit.MAX_ROWS
     """Kernel rows the device fit draws at most (as ``prior_fit.leave_one_family_out``; None: all)."""
+    hardware: dict = dataclasses.field(default_factory=dict)
+    """The ``Hardware`` each name is fitted as (a CPU kind: its descriptor's, ``Descriptor.profile``);
+    names not here are ``gnn_ptp/hardware.py``'s."""
 
     def apply(self, parts: dict) -> dict:
         """Fit each hardware's prior (``prior_fit.fit``: kernel curves, then host costs) to the fold's
@@ -186,7 +189,8 @@ class PriorRefit:
             if not own:
                 continue
             tick = time.perf_counter()
-            _, profile, _ = prior_fit.fit(own, seconds, get_hardware(name), max_rows=self.max_rows)
+            hw = self.hardware.get(name) or get_hardware(name)
+            _, profile, _ = prior_fit.fit(own, seconds, hw, max_rows=self.max_rows)
             for s in (x for part in parts.values() for x in part if x.hardware_name == name):
                 s.prior_log_ms = prior.log_node_ms({"x": s.x, "x_cat": s.x_cat, "phase": s.phase,
                                                     "grad_bytes": getattr(s, "grad_bytes", None)}, profile)
@@ -195,20 +199,22 @@ class PriorRefit:
 
 
 def prior_refit(data_dirs, log, strict: bool = False) -> PriorRefit | None:
-    """``PriorRefit`` for the GPU folders of ``data_dirs`` whose records have per-op profiles (None when
-    there is none: CPU data, or GPU data measured without profiles)."""
+    """``PriorRefit`` for the folders of ``data_dirs`` whose records have per-op profiles, GPU or CPU (None
+    when there is none)."""
     from gnn_ptp import descriptor, node_labels
 
-    seconds = {}
+    seconds, hardware = {}, {}
     for d in data_dirs:
         own = dataset.measured_configs(d, strict=strict)
-        if dataset.trace_target(own[0].hardware) == "cpu" or not node_labels.profiled_ids(d):
+        if not node_labels.profiled_ids(d):
             continue
-        name = descriptor.for_env(own[0].env or {"hardware": own[0].hardware}).name
-        log(f"{d}: the {name} prior is refitted in every fold to the fold's training configurations "
+        desc = descriptor.for_env(own[0].env or {"hardware": own[0].hardware})
+        log(f"{d}: the {desc.name} prior is refitted in every fold to the fold's training configurations "
             "(per-op profiles; the shipped one has seen most families)")
-        seconds[name] = node_labels.node_seconds(d, own)
-    return PriorRefit(seconds) if seconds else None
+        seconds[desc.name] = node_labels.node_seconds(d, own)
+        if desc.kind == "cpu":
+            hardware[desc.name] = desc.profile().hardware
+    return PriorRefit(seconds, hardware=hardware) if seconds else None
 
 
 # --- training one fold -----------------------------------------------------------------------------------

@@ -193,3 +193,17 @@ def test_records_name_the_cpu_kind_and_cpu_kinds_get_their_own_folders(tmp_path)
             assert descriptor.for_env(env).name == descriptor.slug(kind)
     with pytest.raises(UserError, match="folder named 'cpu'.*cpu-<kind>"):
         collect(CollectConfig(grid="training/grids/cpu.toml", out=tmp_path / "gpu-things", device="cpu", limit=1))
+
+
+def test_a_cpu_kind_s_host_costs_move_with_its_measured_dispatch_floor():
+    """The reference CPU's host issue and fixed costs (fitted to its profiled steps) priced for a SYNTHETIC
+    CPU with every rate halved (its dispatch floor doubled): Python and the dispatcher run on that core."""
+    home = descriptor.stored_cpus()["amd-epyc"]
+    reference = home.profile()
+    assert reference.host_issue_s, "the cpu section is fitted to profiled steps (calibrate_prior --profiles)"
+    slow = synthetic_cpu(0.5).profile()
+    ratio = synthetic_cpu(0.5).launch_floor_s / home.launch_floor_s
+    assert ratio == pytest.approx(2.0)
+    assert slow.host_issue_s == pytest.approx(tuple(h * ratio for h in reference.host_issue_s))
+    assert slow.host_fixed_s == pytest.approx(tuple(h * ratio for h in reference.host_fixed_s))
+    assert slow.serial and reference.serial

@@ -169,8 +169,9 @@ def test_cpu_fp32_matmuls_run_at_the_measured_gemm_rate_not_the_elementwise_rate
     cpu_s = prior.node_seconds(node["x"], node["x_cat"], CPU).item()
     h100_s = prior.node_seconds(node["x"], node["x_cat"], H100).item()
     gemm = HARDWARE["cpu"].flops_per_s["fp32"]
-    assert cpu_s == pytest.approx(2.0 * 1024**3 / (gemm * _efficiency(TABLE["cpu"]["gemm"]["fp32"], 2.0 * 1024**3)),
-                                  rel=1e-5)
+    flops, moved = 2.0 * 1024**3, 3 * 4 * 1024.0**2
+    curve = TABLE["cpu"]["gemm"]["matmul:fp32"]  # fitted to the CPU's profiled kernels, per category
+    assert cpu_s == pytest.approx(flops / (gemm * _efficiency(curve, flops, flops / (moved + 1))), rel=1e-5)
     assert cpu_s < 2.0 * 1024**3 / HARDWARE["cpu"].vector_flops_per_s / 5
     assert 100 < cpu_s / h100_s < 10000  # tens of GFLOP/s against tens of TFLOP/s
 

@@ -174,3 +174,54 @@ def test_the_subsample_does_not_depend_on_the_order_configurations_come_in():
     assert torch.equal(kept_ab.seconds.sort().values, kept_ba.seconds.sort().values)
     every = torch.cat([a.draw, b.draw]).sort().values
     assert kept_ab.draw.max() == every[499]  # the 500 smallest draws
+
+
+CPU = HARDWARE["cpu"]
+CPU_TRUE = {"gemm": {"fp32": {"peak_fraction": 0.8, "half_size": 2e6, "slope": 1.0}},
+            "vector": {"peak_fraction": 3.0},
+            "memory": {"peak_fraction": 4.0, "half_size": 4e6, "slope": -0.6},  # in cache beats DRAM
+            "launch_floor_s": 1e-6}
+
+
+def test_a_cpu_fit_recovers_curves_above_the_quoted_peak_and_falling_with_size():
+    """SYNTHETIC CPU kernels: a GPU-shaped fit (fraction <= 1, rising curves) cannot price a CPU whose
+    arrays in cache move 4x faster than its DRAM bandwidth and slow down as they outgrow the cache."""
+    g = torch.Generator().manual_seed(3)
+    n = 3000
+    gemm = torch.rand(n, generator=g) < 0.3
+    moved = 10 ** (3 + 6 * torch.rand(n, generator=g, dtype=torch.float64))
+    flops = torch.where(gemm, moved ** 1.3, moved / 8)
+    rows = prior_fit.KernelRows(flops, moved, ["fp32"] * n, gemm, torch.zeros(n, dtype=torch.bool),
+                                ["matmul" if x else "elementwise" for x in gemm.tolist()], ["synthetic"] * n,
+                                torch.zeros(n, dtype=torch.float64))
+    rows.seconds = prior_fit._prior_seconds(rows, prior.profile_from_dict(CPU, CPU_TRUE)) * torch.exp(
+        0.05 * torch.randn(n, generator=g, dtype=torch.float64))
+    fitted = prior_fit.fit_device(rows, CPU, steps=1500, intensity=False)
+    assert fitted["memory"]["peak_fraction"] > 2 and fitted["memory"]["slope"] < 0
+    assert prior_fit.kernel_errors(rows, prior_fit.device_profile(CPU, fitted))["all"]["median_ape"] < 8
+    gpu_shaped = prior_fit.fit_device(rows, dataclasses.replace(CPU, kind="gpu"), steps=1500, intensity=False)
+    assert prior_fit.kernel_errors(rows, prior_fit.device_profile(CPU, gpu_shaped))["all"]["median_ape"] > 20
+
+
+def test_a_cpu_step_is_serial_and_its_host_fit_recovers_the_costs():
+    """On a CPU the thread that issues a kernel runs it: a phase is fixed + issues x host + kernels, with
+    no queue that could hide the host (SYNTHETIC samples, costs chosen here)."""
+    truth = dataclasses.replace(prior.profile_from_dict(CPU, {**CPU_TRUE, "memory": {"peak_fraction": 1.0}}),
+                                host_issue_s=(12e-6, 8e-6, 3e-6), host_fixed_s=(500e-6, 300e-6, 50e-6))
+    assert truth.serial and not prior.profile_from_dict(H200, TRUE).serial
+    s = _sample(100, 2e-4)
+    s.x[:, 1] = s.x[:, 2] = math.log2(1 + 2e-4 * CPU.memory_bandwidth_Bps / 2)  # 200 us each on this CPU
+    ms = prior.phase_ms(s, truth)
+    kernels = float(prior.node_seconds(s.x[:100], s.x_cat[:100], truth).sum())
+    assert ms[0] == pytest.approx((500e-6 + 100 * 12e-6 + kernels) * 1e3)  # the GPU queue would give ~kernels
+    samples = []
+    for n, t in ((10, 1e-6), (50, 2e-5), (200, 5e-6), (30, 4e-4), (400, 1e-5), (80, 1e-4)):
+        s = _sample(n, t)
+        s.x[:, 1] = s.x[:, 2] = math.log2(1 + t * CPU.memory_bandwidth_Bps / 2)
+        s.y = torch.tensor([[math.log(v) for v in prior.phase_ms(s, truth)]], dtype=torch.float32)
+        samples.append(s)
+    host, fixed, report = prior_fit.fit_host(samples, dataclasses.replace(truth, host_issue_s=None,
+                                                                           host_fixed_s=None))
+    assert host == pytest.approx([12e-6, 8e-6, 3e-6], abs=1e-6)
+    assert fixed == pytest.approx([500e-6, 300e-6, 50e-6], abs=30e-6)
+    assert all(r["mean_abs_log_error"] < 0.01 for r in report.values())
