@@ -21,7 +21,10 @@ Sources, all KERNEL-level (no model-level or end-to-end step time is read, fitte
   shared/reference/h100.md: an 8192^3 bf16 matmul at ~790 of 989 TFLOP/s (0.80 of peak), assumed for
   fp16 and tf32 too. This part is an ASSUMPTION, not a fit; the JSON's "assumed" says so.
 - Launch floor on a GPU: 5 us per kernel, an assumption (PyTorch eager host dispatch + launch).
-- CPU (``--cpu``): measured here with torch, one thread: fp32 and bf16 GEMMs (square 16..1024 and some
+- CPU from its profiled steps (``--profiles datasets/cpu``): as a GPU's (curves to the matched kernels, host
+  costs to the timed phases), with curves not bounded by the quoted peaks and a serial step model
+  (``prior.Profile.serial``); writes section ``cpu``, keeping the microbenchmark fit as ``microbench-cpu``.
+- CPU microbenchmarks (``--cpu``): measured here with torch, one thread: fp32 and bf16 GEMMs (square 16..1024 and some
   skinny ones), element-wise add 1 K..64 M elements (a falling curve: arrays in cache beat DRAM), the
   dispatch floor (a one-element add), the in-cache element-wise rate.
 
@@ -443,8 +446,9 @@ def print_profile_errors(errors: dict) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--profiles", type=Path, metavar="DATA",
-                    help="a GPU dataset folder with profiled records (datasets/h200): fit the Hopper prior to its "
-                         "kernels and steps (section h100, which the H200 and A100 borrow with their own rates)")
+                    help="a dataset folder with profiled records: a GPU's (datasets/h200) fits the Hopper prior to "
+                         "its kernels and steps (section h100, which the H200 and A100 borrow with their own rates); "
+                         "a CPU's (datasets/cpu) fits section cpu (the microbenchmark fit kept as microbench-cpu)")
     ap.add_argument("--fit-families", default=",".join(RANDOM_FAMILIES),
                     help="with --profiles: the families fitted on (every other family is held out and scored)")
     ap.add_argument("--lofo", action="store_true",

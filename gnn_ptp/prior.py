@@ -22,7 +22,8 @@ still costs it, because the host cannot issue kernels faster.
 The curves are fitted per hardware by ``benchmarks/calibrate_prior.py`` into
 ``gnn_ptp/prior_calibration.json`` (section ``h100``: the H200 harvest's profiled kernels and timed steps,
 ``gnn_ptp/prior_fit.py``, with host issue costs; ``h100-neusight``: the earlier fit to NeuSight's public
-per-kernel H100 GEMM timings; CPU: measured on this machine). H200 and A100 use the H100 curves with their
+per-kernel H100 GEMM timings; ``cpu``: the CPU dataset's profiled kernels and timed steps, fitted the same way
+with unbounded curves and a serial step, ``Profile.serial``). H200 and A100 use the H100 curves with their
 own datasheet rates; any other ``Hardware`` (tests) gets ideal curves: the plain roofline.
 
 Phase times (``phase_ms``): the sums of the kernels, or where the profile has host costs one launch queue

@@ -1,5 +1,5 @@
-"""Fit the physical prior of a GPU to its own measured kernels and steps (``benchmarks/calibrate_prior.py
---profiles``).
+"""Fit the physical prior of a GPU (or a CPU) to its own measured kernels and steps
+(``benchmarks/calibrate_prior.py --profiles``).
 
 Two stages, each on the configurations of the *calibration families* only (by default the random
 architectures), so that every named model family stays held out for the step-level score:
@@ -23,6 +23,9 @@ architectures), so that every named model family stays held out for the step-lev
 The GEMM-like curves are per category and dtype (``matmul:bf16``): cuBLAS matmuls, cuDNN convolutions and
 fused attention reach different fractions of the same tensor cores. ``leave_one_family_out`` judges the
 method; ``benchmarks/calibrate_prior.py --lofo`` ships a fit to every family but a checkpoint's test ones.
+
+On a CPU (``Hardware.kind == "cpu"``) the curves may exceed the quoted peaks and fall with size
+(``_curve_t``), and a phase is serial, ``fixed + issues * host + kernels`` (``prior.Profile.serial``).
 
 Nothing here reads a step of a family it holds out, or any public end-to-end figure.
 """
