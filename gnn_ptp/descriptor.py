@@ -95,39 +95,34 @@ class Descriptor:
             curves = f"cpu-{self.name}"
         return curves
 
-    def profile(self):
-        """The physical prior for this hardware: the calibrated curves of its kind (``cpu`` or ``h100``),
-        with the calibrated machine's peaks scaled by this descriptor's rates over that machine's
-        descriptor (measured the same way), so that on the calibrated machine itself the prior is
-        exactly the calibrated one and elsewhere it moves with the measured ceilings (its host costs, where
-        the curves have them, with the measured dispatch floor: Python and the dispatcher run on the same
-        core as that one-element op). A CPU kind whose
-        own kernel curves were measured (``benchmarks/calibrate_prior.py --cpu --cpu-section
-        cpu-<name>``: kernel timings, no training step) uses those instead."""
-        from dataclasses import replace
-
+    def profile(self, section: str | None = None):
+        """The physical prior for this hardware: the calibrated curves of its kind (``cpu`` or ``h100``;
+        ``section`` names another, e.g. ``microbench-cpu``), with the calibrated machine's peaks scaled by
+        this descriptor's rates over that machine's descriptor (measured the same way), so that on the
+        calibrated machine itself the prior is exactly the calibrated one and elsewhere it moves with the
+        measured ceilings (``transfer``). A CPU kind whose own kernel curves were measured
+        (``benchmarks/calibrate_prior.py --cpu --cpu-section cpu-<name>``: kernel timings, no training
+        step) uses those instead."""
         from gnn_ptp import prior
 
         table = prior.calibration()
-        curves = self.curves_section()
-        base = "cpu" if curves.startswith("cpu") else curves
+        curves = section or self.curves_section()
+        base = "cpu" if self.kind == "cpu" else curves
         if curves not in table or base not in HARDWARE:
             return prior.Profile(self.hardware(), launch_floor_s=self.launch_floor_s)
-        base_hw, ref = HARDWARE[base], calibrated_descriptor(curves)
-        rates = {d: base_hw.flops_per_s.get(d, base_hw.flops_per_s["fp32"]) * self.gemm_flops_per_s[d]
-                 / ref.gemm_flops_per_s[d] for d in GEMM_DTYPES}
-        hw = Hardware(self.name, self.description, rates,
-                      vector_flops_per_s=base_hw.vector_flops_per_s * self.vector_flops_per_s / ref.vector_flops_per_s,
-                      memory_bandwidth_Bps=base_hw.memory_bandwidth_Bps * self.memory_bandwidth_Bps
-                      / ref.memory_bandwidth_Bps, source=self.source, kind=self.kind)
-        profile = prior.profile_from_dict(hw, table[curves])
-        host = self.launch_floor_s / ref.launch_floor_s  # per-op host work moves with the dispatch floor
+        base_hw = HARDWARE[base]
+        return transfer(prior.profile_from_dict(base_hw, table[curves]), calibrated_descriptor(curves), self)
 
-        def scaled(costs):
-            return tuple(c * host for c in costs) if costs else costs
+    def steps_fitted_on(self, section: str | None = None) -> str | None:
+        """The hardware (descriptor name) whose timed steps the curves of ``section`` (default: this
+        hardware's own) were fitted to (``calibrate_prior.py --profiles``), or None for curves fitted to
+        kernel timings alone: a score on that hardware's steps is not one "without any record of" it."""
+        from gnn_ptp import prior
 
-        return replace(profile, launch_floor_s=profile.launch_floor_s * host,
-                       host_issue_s=scaled(profile.host_issue_s), host_fixed_s=scaled(profile.host_fixed_s))
+        d = prior.calibration().get(section or self.curves_section(), {})
+        if not d.get("host_issue_s"):
+            return None
+        return slug(d["cpu_model"]) if d.get("cpu_model") else d.get("fitted_on") or None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -138,6 +133,29 @@ class Descriptor:
             return cls(**d)
         except TypeError as e:
             raise UserError(f"hardware descriptor: {e}") from None
+
+
+def transfer(profile, source: "Descriptor", target: "Descriptor"):
+    """A prior fitted on ``source``'s hardware (``profile``: its curves at that hardware's rates) moved to
+    ``target``: every peak scaled by the target's measured rate over the source's, the launch floor and the
+    host costs by their dispatch floors (Python and the dispatcher run on the same core as that one-element
+    op). The curves, fractions of the peaks, are kept."""
+    from dataclasses import replace
+
+    hw = profile.hardware
+    rates = {d: hw.flops_per_s.get(d, hw.flops_per_s["fp32"]) * target.gemm_flops_per_s[d]
+             / source.gemm_flops_per_s[d] for d in GEMM_DTYPES}
+    moved = Hardware(target.name, target.description, rates,
+                     vector_flops_per_s=hw.vector_flops_per_s * target.vector_flops_per_s / source.vector_flops_per_s,
+                     memory_bandwidth_Bps=hw.memory_bandwidth_Bps * target.memory_bandwidth_Bps
+                     / source.memory_bandwidth_Bps, source=target.source, kind=target.kind)
+    host = target.launch_floor_s / source.launch_floor_s
+
+    def scaled(costs):
+        return tuple(c * host for c in costs) if costs else costs
+
+    return replace(profile, hardware=moved, launch_floor_s=profile.launch_floor_s * host,
+                   host_issue_s=scaled(profile.host_issue_s), host_fixed_s=scaled(profile.host_fixed_s))
 
 
 def _from_hardware(hw: Hardware, launch_floor_s: float) -> Descriptor:
@@ -167,11 +185,11 @@ def calibrated_descriptor(curves: str) -> Descriptor:
     """The descriptor of the machine whose curves ``prior_calibration.json`` holds under ``curves``: the
     H100's datasheet for "h100"; for "cpu" (and a CPU kind's own "cpu-<name>") the stored measurement of
     the CPU it names (for "cpu" this project's first AMD EPYC), else ``reference_cpu()``."""
-    if not curves.startswith("cpu"):
-        return GPU_DESCRIPTORS.get(curves, GPU_DESCRIPTORS["h100"])
     from gnn_ptp import prior
 
     model = prior.calibration().get(curves, {}).get("cpu_model")
+    if not curves.startswith("cpu") and not model:
+        return GPU_DESCRIPTORS.get(curves, GPU_DESCRIPTORS["h100"])
     found = stored_cpus().get(slug(model)) if model else None
     return found or reference_cpu()
 

@@ -172,6 +172,9 @@ class PriorRefit:
     hardware: dict = dataclasses.field(default_factory=dict)
     """The ``Hardware`` each name is fitted as (a CPU kind: its descriptor's, ``Descriptor.profile``);
     names not here are ``gnn_ptp/hardware.py``'s."""
+    descriptors: dict = dataclasses.field(default_factory=dict)
+    """Every hardware kind of the data (with or without profiles), by name: what a kind that is only
+    tested on in a fold is priced with (``apply``)."""
 
     def apply(self, parts: dict) -> dict:
         """Fit each hardware's prior (``prior_fit.fit``: kernel curves, then host costs) to the fold's
@@ -182,20 +185,49 @@ class PriorRefit:
         from gnn_ptp import prior
         from gnn_ptp.hardware import get_hardware
 
+        from gnn_ptp import descriptor
+
         fit_on = parts["train"] + parts["val"]
-        info = {}
+        trained = {s.hardware_name for s in fit_on}
+        info, fitted = {}, {}
         for name, seconds in self.seconds.items():
             own = [s for s in fit_on if s.hardware_name == name]
             if not own:
                 continue
             tick = time.perf_counter()
             hw = self.hardware.get(name) or get_hardware(name)
-            _, profile, _ = prior_fit.fit(own, seconds, hw, max_rows=self.max_rows)
-            for s in (x for part in parts.values() for x in part if x.hardware_name == name):
-                s.prior_log_ms = prior.log_node_ms({"x": s.x, "x_cat": s.x_cat, "phase": s.phase,
-                                                    "grad_bytes": getattr(s, "grad_bytes", None)}, profile)
+            _, fitted[name], _ = prior_fit.fit(own, seconds, hw, max_rows=self.max_rows)
+            self._price(parts, name, fitted[name])
             info[name] = {"fit_steps": len(own), "fit_s": round(time.perf_counter() - tick, 1)}
+        tested = {s.hardware_name for s in parts["test"]} - trained
+        for name, desc in self.descriptors.items():
+            if name in fitted or not any(s.hardware_name == name for part in parts.values() for s in part):
+                continue
+            source = next((n for n in fitted if self.descriptors.get(n) is not None
+                           and self.descriptors[n].kind == desc.kind), None)
+            if name in tested and source is not None:  # the fold's own fit, moved by the measured ceilings
+                self._price(parts, name, descriptor.transfer(fitted[source], self.descriptors[source], desc))
+                info[name] = {"transferred_from": source}
+            elif desc.steps_fitted_on() in tested:  # the shipped prior has seen the steps under test
+                section = FALLBACK_SECTION[desc.kind]
+                self._price(parts, name, desc.profile(section))
+                info[name] = {"section": section}
+            else:  # shipped (a kind trained on without profiles); re-priced, as an earlier fold may have moved it
+                self._price(parts, name, desc.profile())
         return info
+
+    @staticmethod
+    def _price(parts: dict, name: str, profile) -> None:
+        from gnn_ptp import prior
+
+        for s in (x for part in parts.values() for x in part if x.hardware_name == name):
+            s.prior_log_ms = prior.log_node_ms({"x": s.x, "x_cat": s.x_cat, "phase": s.phase,
+                                                "grad_bytes": getattr(s, "grad_bytes", None)}, profile)
+
+
+FALLBACK_SECTION = {"cpu": "microbench-cpu", "gpu": "h100-neusight"}
+"""Curves fitted to kernel timings alone (no training step), by hardware kind: the prior of a fold in
+which the shipped one was fitted to the steps under test and no training kind has profiles to refit."""
 
 
 def prior_refit(data_dirs, log, strict: bool = False) -> PriorRefit | None:
@@ -203,18 +235,19 @@ def prior_refit(data_dirs, log, strict: bool = False) -> PriorRefit | None:
     when there is none)."""
     from gnn_ptp import descriptor, node_labels
 
-    seconds, hardware = {}, {}
+    seconds, hardware, descriptors = {}, {}, {}
     for d in data_dirs:
         own = dataset.measured_configs(d, strict=strict)
+        desc = descriptor.for_env(own[0].env or {"hardware": own[0].hardware})
+        descriptors[desc.name] = desc
         if not node_labels.profiled_ids(d):
             continue
-        desc = descriptor.for_env(own[0].env or {"hardware": own[0].hardware})
         log(f"{d}: the {desc.name} prior is refitted in every fold to the fold's training configurations "
             "(per-op profiles; the shipped one has seen most families)")
         seconds[desc.name] = node_labels.node_seconds(d, own)
         if desc.kind == "cpu":
             hardware[desc.name] = desc.profile().hardware
-    return PriorRefit(seconds, hardware=hardware) if seconds else None
+    return PriorRefit(seconds, hardware=hardware, descriptors=descriptors) if seconds else None
 
 
 # --- training one fold -----------------------------------------------------------------------------------

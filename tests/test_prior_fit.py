@@ -225,3 +225,53 @@ def test_a_cpu_step_is_serial_and_its_host_fit_recovers_the_costs():
     assert host == pytest.approx([12e-6, 8e-6, 3e-6], abs=1e-6)
     assert fixed == pytest.approx([500e-6, 300e-6, 50e-6], abs=30e-6)
     assert all(r["mean_abs_log_error"] < 0.01 for r in report.values())
+
+
+def _cpu_fold(train_kind: str, test_kind: str, with_profiles: bool):
+    """A SYNTHETIC hardware-protocol fold: the train kind's samples (train + val), the test kind's (test),
+    element-wise kernels priced by the shipped CPU prior; per-node 'measured' seconds for the train kind."""
+    from gnn_ptp import descriptor
+    from gnn_ptp.protocol import PriorRefit
+    from tests.test_descriptor import synthetic_cpu
+
+    kinds = {"amd-epyc": descriptor.stored_cpus()["amd-epyc"], "synthetic-slow-cpu": synthetic_cpu(0.5)}
+    truth = kinds["amd-epyc"].profile()
+    parts, seconds = {"train": [], "val": [], "test": []}, {}
+    for kind, part in ((train_kind, "train"), (train_kind, "val"), (test_kind, "test")):
+        for n, t in ((10, 1e-6), (50, 2e-5), (200, 5e-6), (30, 4e-4), (80, 1e-4)):
+            s = _sample(n, t, f"{part}-family")
+            s.x[:, 1] = s.x[:, 2] = math.log2(1 + t * CPU.memory_bandwidth_Bps / 2)
+            s.key, s.hardware_name = f"{kind}-{part}-{n}", kind
+            s.y = torch.tensor([[math.log(v) for v in prior.phase_ms(s, truth)]], dtype=torch.float32)
+            seconds[s.key] = [prior.node_seconds(s.x, s.x_cat, truth)]
+            s.prior_log_ms = torch.zeros(3 * n)
+            parts[part].append(s)
+    refit = PriorRefit({train_kind: seconds} if with_profiles else {}, max_rows=None,
+                       hardware={k: d.profile().hardware for k, d in kinds.items()}, descriptors=kinds)
+    return refit, parts, kinds
+
+
+def test_a_cpu_kind_only_tested_on_gets_the_fold_s_fit_moved_by_its_measured_ceilings():
+    """Hardware protocol, first CPU kind -> a SYNTHETIC one with every rate halved: the test kind is priced
+    by the prior fitted to the training kind in this fold, transferred (twice the time, host costs too),
+    never by a prior that has seen its own steps."""
+    refit, parts, kinds = _cpu_fold("amd-epyc", "synthetic-slow-cpu", with_profiles=True)
+    info = refit.apply(parts)
+    assert info["amd-epyc"]["fit_steps"] == 10
+    assert info["synthetic-slow-cpu"] == {"transferred_from": "amd-epyc"}
+    for home, slow in zip(parts["train"], parts["test"]):  # the same graphs, half the rates
+        torch.testing.assert_close(slow.prior_log_ms, home.prior_log_ms + math.log(2.0), rtol=0, atol=1e-4)
+
+
+def test_a_fold_whose_shipped_prior_has_seen_the_test_steps_falls_back_to_kernel_curves():
+    """Second kind -> first, the second kind without profiles: nothing in the fold can be refitted, and the
+    shipped CPU prior was fitted to the first kind's steps, so both kinds are priced with the curves fitted
+    to kernel microbenchmarks alone (``microbench-cpu``), not with the steps under test."""
+    refit, parts, kinds = _cpu_fold("synthetic-slow-cpu", "amd-epyc", with_profiles=False)
+    assert kinds["amd-epyc"].steps_fitted_on() == "amd-epyc"
+    info = refit.apply(parts)
+    assert info == {"amd-epyc": {"section": "microbench-cpu"}, "synthetic-slow-cpu": {"section": "microbench-cpu"}}
+    want = prior.log_node_ms({"x": parts["test"][0].x, "x_cat": parts["test"][0].x_cat,
+                              "phase": parts["test"][0].phase, "grad_bytes": None},
+                             kinds["amd-epyc"].profile("microbench-cpu"))
+    torch.testing.assert_close(parts["test"][0].prior_log_ms, want)
