@@ -16,7 +16,7 @@ import torch
 
 import gnn_ptp
 import gnn_ptp.prediction as predict_mod
-from gnn_ptp import cli, dataset
+from gnn_ptp import cli, dataset, prior
 from gnn_ptp.errors import UserError
 from gnn_ptp.model import ModelConfig
 from gnn_ptp.precision import PRECISION_NAMES
@@ -506,8 +506,9 @@ def test_max_batch_size_times_from_the_analytic_prior_without_a_checkpoint(capsy
 
 def test_cpu_kind_predicts_for_another_cpu_from_its_descriptor(tmp_path, monkeypatch, ckpt):
     """--cpu-kind: a tiny checkpoint trained with hardware descriptors on the SYNTHETIC dataset predicts
-    for a SYNTHETIC CPU kind with a quarter of the home CPU's rates: every phase 4x the home kind's (its
-    prior is 4x and the learned residual is the same); a checkpoint without descriptors, an unknown kind
+    for a SYNTHETIC CPU kind with a quarter of the home CPU's rates: every phase about 4x the home kind's
+    (its prior is exactly 4x, host costs included; the learned residual moves a little with the descriptor
+    features, which training on one kind never varied); a checkpoint without descriptors, an unknown kind
     or a GPU checkpoint get one clear error."""
     from gnn_ptp import descriptor
 
@@ -528,7 +529,13 @@ def test_cpu_kind_predicts_for_another_cpu_from_its_descriptor(tmp_path, monkeyp
     home = predict(SPEC, cpu_kind="amd-epyc", **args)
     slow = predict(SPEC, cpu_kind="synthetic-quarter-cpu", **args)
     for k in PHASE_KEYS:
-        assert getattr(slow, k) == pytest.approx(4 * getattr(home, k), rel=0.02)
+        assert getattr(slow, k) == pytest.approx(4 * getattr(home, k), rel=0.1)
+    quarter, own = descriptor.stored_cpus()["synthetic-quarter-cpu"].profile(), descriptor.stored_cpus()["amd-epyc"].profile()
+    assert quarter.host_issue_s == pytest.approx(tuple(4 * h for h in own.host_issue_s))
+    from synthetic_data import synthetic_graph
+
+    g = synthetic_graph(dataset.measured_configs(data)[0].key)
+    assert prior.phase_ms(g, quarter) == pytest.approx(4 * prior.phase_ms(g, own), rel=1e-9)
     assert any("CPU kind synthetic-quarter-cpu" in w for w in slow.warnings)
     assert predict(SPEC, **args).iteration_ms == pytest.approx(predict(SPEC, **args).iteration_ms)  # cache intact
     with pytest.raises(UserError, match="no stored descriptor 'nowhere-cpu'.*amd-epyc.*synthetic-quarter-cpu"):
