@@ -410,6 +410,16 @@ def _section(hw, env: dict, source: str, summary: str, by_class: str, fitted: di
             "host_fixed_s": list(profile.host_fixed_s), "fit_families": fit_families, "errors": errors}
 
 
+def cpu_section_name(cpu_model: str, table: dict) -> str:
+    """Where a CPU's profile fit goes: ``cpu`` for the reference CPU (the one the ``cpu`` section names,
+    whose curves every other CPU kind's descriptor scales), ``cpu-<kind>`` for another kind's own curves
+    (``Descriptor.curves_section`` prefers them for that kind)."""
+    from gnn_ptp.descriptor import slug
+
+    reference = table.get("cpu", {}).get("cpu_model")
+    return "cpu" if not reference or slug(reference) == slug(cpu_model) else f"cpu-{slug(cpu_model)}"
+
+
 def print_lofo(errors: dict) -> None:
     lofo = errors["lofo"]
     print(f"\nleave one family out: step MAPE {lofo['all']['mape']:.1f}% (median {lofo['all']['median_ape']:.1f}%, "
@@ -484,7 +494,7 @@ def main() -> None:
             section, e = fit_profiles_lofo(args.profiles, [f for f in args.hold_out.split(",") if f], **kw)
         else:
             section, e = fit_profiles(args.profiles, [f for f in args.fit_families.split(",") if f], **kw)
-        name = "cpu" if section["fitted_on"] == "cpu" else "h100"
+        name = cpu_section_name(section["cpu_model"], table) if section["fitted_on"] == "cpu" else "h100"
         if name == "h100" and "h100" in table and "host_issue_s" not in table["h100"]:
             table["h100-neusight"] = table["h100"]  # the earlier public-kernel fit, kept for comparison
         if name == "cpu" and "cpu" in table and "host_issue_s" not in table["cpu"]:

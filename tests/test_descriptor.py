@@ -207,3 +207,19 @@ def test_a_cpu_kind_s_host_costs_move_with_its_measured_dispatch_floor():
     assert slow.host_issue_s == pytest.approx(tuple(h * ratio for h in reference.host_issue_s))
     assert slow.host_fixed_s == pytest.approx(tuple(h * ratio for h in reference.host_fixed_s))
     assert slow.serial and reference.serial
+
+
+def test_a_cpu_profile_fit_writes_the_reference_section_or_the_kind_s_own():
+    """benchmarks/calibrate_prior.py --profiles on a CPU folder: the reference CPU's fit is section "cpu"
+    (whose curves other kinds scale), another kind's is "cpu-<kind>", which its descriptor then prefers."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "calibrate_prior.py"
+    spec = importlib.util.spec_from_file_location("calibrate_prior", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    table = {"cpu": {"cpu_model": "AMD EPYC"}}
+    assert module.cpu_section_name("AMD EPYC", table) == "cpu"
+    assert module.cpu_section_name("AMD EPYC (family 26 model 2)", table) == "cpu-amd-epyc-family-26-model-2"
+    assert module.cpu_section_name("Intel Xeon", {}) == "cpu"  # the first CPU fitted becomes the reference
