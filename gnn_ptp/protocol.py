@@ -13,11 +13,13 @@ retrains from scratch for every fold and scores every predictor on the same held
 Predictors: each GNN variant (``gnn``: the training config as given; ``gnn-prior``: the same predicting
 the log-ratio to the physical prior, with the hardware descriptor fed in), the ridge regression on graph
 totals (``gnn_ptp/baselines.py``, fitted on the same training and validation configurations) and the
-prior alone. A GPU's prior is fitted to that GPU's own profiled kernels and steps (``prior_fit``), so the
-shipped one has seen most families: on such data (a GPU folder with per-op profiles) every fold refits it
-to its training and validation configurations only (``PriorRefit``), before the residual GNN is trained
-over it, so that neither has seen a step of the configurations it is scored on. A CPU's prior comes from
-kernel microbenchmarks, not from the dataset, and is used as shipped. Every MAPE comes with a bootstrap
+prior alone. A GPU's or a CPU's prior is fitted to that hardware's own profiled kernels and steps
+(``prior_fit``), so the shipped one has seen most families: on such data (a folder with per-op profiles)
+every fold refits it to its training and validation configurations only (``PriorRefit``), before the
+residual GNN is trained over it, so that neither has seen a step of the configurations it is scored on.
+In the ``hardware`` protocol a kind only tested on is priced by the fold's fit moved by the measured
+ceilings (``descriptor.transfer``), or, where nothing in the fold can be refitted and the shipped prior has
+seen the test kind's steps, by curves fitted to kernel timings alone (``FALLBACK_SECTION``). Every MAPE comes with a bootstrap
 95 % interval (families and configurations resampled) and the label noise floor of the same
 configurations: the error a perfect predictor of the true mean would show against labels that average n
 noisy measurements, sqrt(2/pi) x the measurements' relative standard deviation / sqrt(n), from
