@@ -107,7 +107,7 @@ class Descriptor:
 
         table = prior.calibration()
         curves = section or self.curves_section()
-        base = "cpu" if self.kind == "cpu" else curves
+        base = "cpu" if self.kind == "cpu" else curves if curves in HARDWARE else "h100"  # h100-neusight
         if curves not in table or base not in HARDWARE:
             return prior.Profile(self.hardware(), launch_floor_s=self.launch_floor_s)
         base_hw = HARDWARE[base]

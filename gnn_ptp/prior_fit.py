@@ -207,7 +207,7 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
         logit = lambda f: math.log(f / (1 - f))  # noqa: E731
         init = {n: [logit(0.6), math.log(1e9 if n != "vector" else 1e7), 0.0] + extra for n in names}
         init["memory"] = [logit(0.8), math.log(1e6), 0.0]
-    else:  # a CPU: fractions of its measured peaks, a memory curve that falls out of cache
+    else:  # a CPU: fractions of its measured peaks, starting from a memory curve that falls out of cache
         init = {n: [math.log(0.6), math.log(1e6 if n != "vector" else 1e4), 1.0] + extra for n in names}
         init["memory"] = [math.log(2.0), math.log(4e6), -0.5]
     params = {n: torch.tensor(v, dtype=torch.float64, requires_grad=True) for n, v in init.items()}

@@ -181,13 +181,14 @@ class PriorRefit:
     def apply(self, parts: dict) -> dict:
         """Fit each hardware's prior (``prior_fit.fit``: kernel curves, then host costs) to the fold's
         training and validation configurations and re-price every sample of the fold with it
-        (``prior_log_ms``). Returns per hardware name the steps fitted on and the seconds it took. A
-        hardware with no training configuration in the fold (the test kind of ``hardware``) keeps its
-        shipped prior."""
-        from gnn_ptp import prior
-        from gnn_ptp.hardware import get_hardware
-
+        (``prior_log_ms``). A hardware kind with no training configuration in the fold (the test kind of
+        ``hardware``) is priced by the fold's fit of a kind that has one, moved by their measured ceilings
+        (``descriptor.transfer``); where no kind could be refitted and the shipped prior has seen the
+        tested kind's steps, every such kind is priced by ``FALLBACK_SECTION``'s curves. Returns per
+        hardware name what priced it: the steps fitted on and the seconds it took, the kind transferred
+        from, or the section."""
         from gnn_ptp import descriptor
+        from gnn_ptp.hardware import get_hardware
 
         fit_on = parts["train"] + parts["val"]
         trained = {s.hardware_name for s in fit_on}
