@@ -166,16 +166,10 @@ def _masks(groups: list[str]) -> dict[str, torch.Tensor]:
     return {name: torch.tensor([g == name for g in groups]) for name in sorted(set(groups))}
 
 
-def is_cpu(hw: Hardware) -> bool:
-    """A CPU (``gnn_ptp/hardware.py``'s ``cpu`` or a CPU kind's descriptor hardware): its curves are fitted
-    unbounded (``_curve_t``) and its steps are serial (``prior.Profile.serial``)."""
-    return hw.kind == "cpu"
-
-
 def _device_seconds(params: dict, rows: KernelRows, hw: Hardware, masks: dict, rates: torch.Tensor):
     compute = torch.zeros_like(rows.seconds)
     intensity = _intensity(rows)
-    bounded = not is_cpu(hw)
+    bounded = hw.kind != "cpu"  # a CPU's curves may pass its quoted peaks
     for name, m in masks.items():
         eff = _curve_t(params[name], rows.flops[m], intensity[m], bounded)
         compute = compute.masked_scatter(m, rows.flops[m] / (rates[m] * eff))
@@ -202,7 +196,7 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
     masks = _masks(groups)
     names = sorted(masks)
     extra = [math.log(10.0), 0.0] if intensity else []
-    bounded = not is_cpu(hw)
+    bounded = hw.kind != "cpu"  # a CPU's curves may pass its quoted peaks
     if bounded:
         logit = lambda f: math.log(f / (1 - f))  # noqa: E731
         init = {n: [logit(0.6), math.log(1e9 if n != "vector" else 1e7), 0.0] + extra for n in names}
@@ -312,35 +306,34 @@ def fit_host(samples: list, profile: prior.Profile, per_kernel_us=None, per_phas
                         float(measured[p])))
         rows.append(row)
     host, base, report = [0.0] * phases, [0.0] * phases, {}
+
+    def choose(p: int, pred: torch.Tensor, meas: torch.Tensor) -> None:
+        """The grid point ([S, H, F] predicted phase seconds) with the least mean absolute log error."""
+        err = (pred.log() - meas.log()[:, None, None]).abs().mean(0)
+        hi, fi = divmod(int(err.argmin()), err.shape[1])
+        host[p], base[p] = float(per_kernel[hi]), float(fixed[fi])
+        report[prior.PHASE_NAMES[p]] = {"host_us_per_kernel": host[p] * 1e6, "fixed_us": base[p] * 1e6,
+                                        "mean_abs_log_error": float(err[hi, fi]), "n": len(meas)}
+
     if profile.serial:  # a CPU: each phase is fixed + issues * host + its kernels, nothing overlaps
-        for p, name in enumerate(prior.PHASE_NAMES):
+        for p in range(phases):
             keep = [i for i, r in enumerate(rows) if r[p][2] and r[p][3] > 0]
-            if not keep:
-                continue
-            total, n, meas = (torch.tensor([rows[i][p][j] for i in keep], dtype=torch.float64) for j in (1, 2, 3))
-            pred = total[:, None, None] + n[:, None, None] * per_kernel[None, :, None] + fixed[None, None, :]
-            err = (pred.log() - meas.log()[:, None, None]).abs().mean(0)
-            hi, fi = divmod(int(err.argmin()), err.shape[1])
-            host[p], base[p] = float(per_kernel[hi]), float(fixed[fi])
-            report[name] = {"host_us_per_kernel": host[p] * 1e6, "fixed_us": base[p] * 1e6,
-                            "mean_abs_log_error": float(err[hi, fi]), "n": len(keep)}
+            if keep:
+                total, n, meas = (torch.tensor([rows[i][p][j] for i in keep], dtype=torch.float64) for j in (1, 2, 3))
+                choose(p, total[:, None, None] + n[:, None, None] * per_kernel[None, :, None] + fixed[None, None, :],
+                       meas)
         return host, base, report
     lag_start = torch.zeros(len(rows), dtype=torch.float64)
     for _ in range(prior.STEADY_PASSES):
         lag = lag_start.clone()
-        for p, name in enumerate(prior.PHASE_NAMES):
+        for p in range(phases):
             keep = [i for i, r in enumerate(rows) if r[p][2] and r[p][3] > 0]
             if keep:
                 queue = torch.stack([rows[i][p][0] for i in keep])  # [S, H] seconds
                 total = torch.tensor([rows[i][p][1] for i in keep], dtype=torch.float64)
                 meas = torch.tensor([rows[i][p][3] for i in keep], dtype=torch.float64)
-                pred = torch.maximum(total[:, None, None],
-                                     fixed[None, None, :] + queue[:, :, None] - lag[keep][:, None, None])
-                err = (pred.log() - meas.log()[:, None, None]).abs().mean(0)
-                hi, fi = divmod(int(err.argmin()), err.shape[1])
-                host[p], base[p] = float(per_kernel[hi]), float(fixed[fi])
-                report[name] = {"host_us_per_kernel": host[p] * 1e6, "fixed_us": base[p] * 1e6,
-                                "mean_abs_log_error": float(err[hi, fi]), "n": len(keep)}
+                choose(p, torch.maximum(total[:, None, None],
+                                        fixed[None, None, :] + queue[:, :, None] - lag[keep][:, None, None]), meas)
             chosen = int(torch.argmin((per_kernel - host[p]).abs()))  # host[p]'s place in the grid
             for i, r in enumerate(rows):  # the lag this phase leaves, with its fitted costs
                 queued, total, n, _ = r[p]

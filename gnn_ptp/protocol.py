@@ -171,12 +171,10 @@ class PriorRefit:
     seconds: dict[str, dict]
     max_rows: int | None = prior_fit.MAX_ROWS
     """Kernel rows the device fit draws at most (as ``prior_fit.leave_one_family_out``; None: all)."""
-    hardware: dict = dataclasses.field(default_factory=dict)
-    """The ``Hardware`` each name is fitted as (a CPU kind: its descriptor's, ``Descriptor.profile``);
-    names not here are ``gnn_ptp/hardware.py``'s."""
     descriptors: dict = dataclasses.field(default_factory=dict)
-    """Every hardware kind of the data (with or without profiles), by name: what a kind that is only
-    tested on in a fold is priced with (``apply``)."""
+    """Every hardware kind of the data (with or without profiles), by name: a CPU kind is fitted as its
+    descriptor's hardware (a GPU as ``gnn_ptp/hardware.py``'s), and a kind only tested on in a fold is
+    priced from them (``apply``)."""
 
     def apply(self, parts: dict) -> dict:
         """Fit each hardware's prior (``prior_fit.fit``: kernel curves, then host costs) to the fold's
@@ -198,7 +196,8 @@ class PriorRefit:
             if not own:
                 continue
             tick = time.perf_counter()
-            hw = self.hardware.get(name) or get_hardware(name)
+            desc = self.descriptors.get(name)
+            hw = desc.profile().hardware if desc is not None and desc.kind == "cpu" else get_hardware(name)
             _, fitted[name], _ = prior_fit.fit(own, seconds, hw, max_rows=self.max_rows)
             self._price(parts, name, fitted[name])
             info[name] = {"fit_steps": len(own), "fit_s": round(time.perf_counter() - tick, 1)}
@@ -238,7 +237,7 @@ def prior_refit(data_dirs, log, strict: bool = False) -> PriorRefit | None:
     when there is none)."""
     from gnn_ptp import descriptor, node_labels
 
-    seconds, hardware, descriptors = {}, {}, {}
+    seconds, descriptors = {}, {}
     for d in data_dirs:
         own = dataset.measured_configs(d, strict=strict)
         desc = descriptor.for_env(own[0].env or {"hardware": own[0].hardware})
@@ -248,9 +247,7 @@ def prior_refit(data_dirs, log, strict: bool = False) -> PriorRefit | None:
         log(f"{d}: the {desc.name} prior is refitted in every fold to the fold's training configurations "
             "(per-op profiles; the shipped one has seen most families)")
         seconds[desc.name] = node_labels.node_seconds(d, own)
-        if desc.kind == "cpu":
-            hardware[desc.name] = desc.profile().hardware
-    return PriorRefit(seconds, hardware=hardware, descriptors=descriptors) if seconds else None
+    return PriorRefit(seconds, descriptors=descriptors) if seconds else None
 
 
 # --- training one fold -----------------------------------------------------------------------------------

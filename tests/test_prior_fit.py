@@ -246,8 +246,7 @@ def _cpu_fold(train_kind: str, test_kind: str, with_profiles: bool):
             seconds[s.key] = [prior.node_seconds(s.x, s.x_cat, truth)]
             s.prior_log_ms = torch.zeros(3 * n)
             parts[part].append(s)
-    refit = PriorRefit({train_kind: seconds} if with_profiles else {}, max_rows=None,
-                       hardware={k: d.profile().hardware for k, d in kinds.items()}, descriptors=kinds)
+    refit = PriorRefit({train_kind: seconds} if with_profiles else {}, max_rows=None, descriptors=kinds)
     return refit, parts, kinds
 
 
