@@ -35,7 +35,7 @@ all-reduce overlap model.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -111,12 +111,22 @@ class Profile:
     """How far off a step prediction from this profile is expected to be, and how that was derived."""
     fitted_on: str = ""
     """The hardware whose measured kernels and steps the curves were fitted to ("" where not so fitted)."""
+    vector_fraction: dict[str, float] = field(default_factory=dict)
+    """Per non-GEMM category ("optimizer", "norm", ...), its own peak fraction of ``vector`` where fitted so
+    (the size and intensity ramps are shared): AdamW's foreach kernels stream memory, a norm's backward
+    reduces. A category without one uses ``vector``'s."""
 
     @property
     def serial(self) -> bool:
         """A CPU: the thread that issues a kernel runs it, so a phase with host costs is their plain sum,
         ``fixed + issues * host + sum t`` (``graph_phase_ms``), not a launch queue."""
         return self.hardware.kind == "cpu"
+
+    def vector_curve(self, category: str) -> Curve:
+        """The compute curve of a non-GEMM kernel of ``category``: ``vector``, at the category's own peak
+        fraction where it has one."""
+        fraction = self.vector_fraction.get(category)
+        return self.vector if fraction is None else replace(self.vector, peak_fraction=fraction)
 
     def gemm_curve(self, dtype: str, category: str = "matmul") -> Curve:
         """The curve of a GEMM-like kernel: its category's in its dtype, else the dtype's, else the
@@ -136,6 +146,9 @@ def calibration() -> dict:
 
 
 PREDICTIVE_KEYS = ("gemm", "vector", "memory", "launch_floor_s", "host_issue_s", "host_fixed_s")
+OPTIONAL_PREDICTIVE_KEYS = ("vector_fraction",)
+"""Predictive keys a section may lack; the digest covers them only where present, so that a section
+written before they existed keeps its digest (and the checkpoints trained over it stay valid)."""
 
 
 def calibration_digest(section: str) -> str:
@@ -145,7 +158,8 @@ def calibration_digest(section: str) -> str:
     import hashlib
 
     d = calibration().get(section, {})
-    text = json.dumps({k: d.get(k) for k in PREDICTIVE_KEYS}, sort_keys=True)
+    keys = (*PREDICTIVE_KEYS, *(k for k in OPTIONAL_PREDICTIVE_KEYS if k in d))
+    text = json.dumps({k: d.get(k) for k in keys}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -156,7 +170,8 @@ def profile_from_dict(hw: Hardware, d: dict) -> Profile:
                    float(d.get("launch_floor_s", 0.0)),
                    tuple(float(v) for v in d["host_issue_s"]) if d.get("host_issue_s") else None,
                    tuple(float(v) for v in d["host_fixed_s"]) if d.get("host_fixed_s") else None,
-                   d.get("source", ""), d.get("expected_error", {}), d.get("fitted_on", ""))
+                   d.get("source", ""), d.get("expected_error", {}), d.get("fitted_on", ""),
+                   {k: float(v) for k, v in d.get("vector_fraction", {}).items()})
 
 
 def get_profile(hw: Hardware | str) -> Profile:
@@ -184,15 +199,14 @@ def node_seconds(x: torch.Tensor, x_cat: torch.Tensor, profile: Profile) -> torc
     gemm = torch.zeros_like(category, dtype=torch.bool)
     for c in GEMM_CATEGORIES:
         gemm |= category == c
-    kind = torch.where(gemm, category, torch.full_like(category, -1))  # GEMM-like: by category
     tc = x[:, TC_COLUMN] > 0.5
     rate = torch.empty_like(flops)
     efficiency = torch.empty_like(flops)
-    for (d, k, t) in set(zip(dtype.tolist(), kind.tolist(), tc.tolist())):
-        rows = (dtype == d) & (kind == k) & (tc == t)
-        name, g = ops.DTYPES[d], k >= 0
+    for (d, c, t, g) in set(zip(dtype.tolist(), category.tolist(), tc.tolist(), gemm.tolist())):
+        rows = (dtype == d) & (category == c) & (tc == t) & (gemm == g)
+        name = ops.DTYPES[d]
         rate[rows] = hw.flops_rate(name, t, gemm=g)
-        curve = profile.gemm_curve(name, ops.CATEGORIES[k]) if g else profile.vector
+        curve = profile.gemm_curve(name, ops.CATEGORIES[c]) if g else profile.vector_curve(ops.CATEGORIES[c])
         efficiency[rows] = curve(flops[rows], intensity[rows])
     compute_s = flops / (rate * efficiency)
     memory_s = moved / (hw.memory_bandwidth_Bps * profile.memory(moved))

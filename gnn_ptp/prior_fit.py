@@ -149,11 +149,23 @@ def _intensity(rows: KernelRows) -> torch.Tensor:
     return rows.flops / (rows.moved + 1.0)  # as prior.node_seconds computes it
 
 
-def _groups(rows: KernelRows, by_category: bool = True) -> list[str]:
+def _groups(rows: KernelRows, by_category: bool = True, vector_by_category: bool = False) -> list[str]:
     """The curve each row's compute time uses: "<category>:<dtype>" (or its dtype alone) for GEMM-like
-    kernels, "vector" otherwise."""
-    return [("vector" if d not in GEMM_DTYPES else f"{c}:{d}" if by_category else d) if g else "vector"
+    kernels, "vector" otherwise, or with ``vector_by_category`` "vector:<category>" (the vector curve at
+    the category's own peak fraction)."""
+    def vector(c):
+        return f"vector:{c}" if vector_by_category else "vector"
+    return [("vector" if d not in GEMM_DTYPES else f"{c}:{d}" if by_category else d) if g else vector(c)
             for d, g, c in zip(rows.dtype, rows.gemm.tolist(), rows.category)]
+
+
+def _vector_params(params: dict, name: str) -> torch.Tensor:
+    """The raw curve parameters of group ``name``: "vector:<category>" is the vector curve with its peak
+    fraction's raw parameter shifted by the category's own."""
+    if name.startswith("vector:"):
+        base = params["vector"]
+        return torch.cat([base[:1] + params[f"shift:{name[7:]}"], base[1:]])
+    return params[name]
 
 
 def _rates(rows: KernelRows, hw: Hardware) -> torch.Tensor:
@@ -171,7 +183,7 @@ def _device_seconds(params: dict, rows: KernelRows, hw: Hardware, masks: dict, r
     intensity = _intensity(rows)
     bounded = hw.kind != "cpu"  # a CPU's curves may pass its quoted peaks
     for name, m in masks.items():
-        eff = _curve_t(params[name], rows.flops[m], intensity[m], bounded)
+        eff = _curve_t(_vector_params(params, name), rows.flops[m], intensity[m], bounded)
         compute = compute.masked_scatter(m, rows.flops[m] / (rates[m] * eff))
     memory = rows.moved / (hw.memory_bandwidth_Bps * _curve_t(params["memory"], rows.moved, bounded=bounded))
     floor = torch.exp(params["floor"]).expand_as(compute)
@@ -181,20 +193,28 @@ def _device_seconds(params: dict, rows: KernelRows, hw: Hardware, masks: dict, r
 
 
 MIN_GROUP_ROWS = 50
-"""A (category, dtype) curve needs this many kernels; fewer are fitted with their dtype's pooled curve."""
+"""A (category, dtype) curve needs this many kernels; fewer are fitted with their dtype's pooled curve (a
+non-GEMM category's peak fraction: with the vector curve's)."""
+SHIFT_PENALTY = 1e-3
+"""L2 weight on a category's shift of the vector curve's peak fraction (raw scale): it keeps the shared
+curve the pooled one, which the categories without a fraction of their own use."""
 
 
 def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: bool = True,
-               intensity: bool = True) -> dict:
+               intensity: bool = True, vector_by_category: bool = True) -> dict:
     """Curves (``prior.Curve`` dicts) for GEMM-like kernels per category and dtype (``by_category``; else
     per dtype), other compute ("vector"), memory traffic, and the device floor in seconds, fitted to
-    ``rows``. With ``intensity`` the compute curves also ramp with arithmetic intensity."""
-    groups = _groups(rows, by_category)
+    ``rows``. With ``intensity`` the compute curves also ramp with arithmetic intensity; with
+    ``vector_by_category`` each non-GEMM category with enough kernels gets its own peak fraction of the
+    vector curve (``vector_fraction``)."""
+    groups = _groups(rows, by_category, vector_by_category)
     counts = {g: groups.count(g) for g in set(groups)}
-    groups = [g.split(":")[1] if ":" in g and counts[g] < MIN_GROUP_ROWS else g for g in groups]
+    groups = [("vector" if g.startswith("vector:") else g.split(":")[1])
+              if ":" in g and counts[g] < MIN_GROUP_ROWS else g for g in groups]
     rates = _rates(rows, hw)
     masks = _masks(groups)
-    names = sorted(masks)
+    shifts = sorted(n[7:] for n in masks if n.startswith("vector:"))
+    names = sorted({"vector" if n.startswith("vector:") else n for n in masks})
     extra = [math.log(10.0), 0.0] if intensity else []
     bounded = hw.kind != "cpu"  # a CPU's curves may pass its quoted peaks
     if bounded:
@@ -206,6 +226,8 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
         init["memory"] = [math.log(2.0), math.log(4e6), -0.5]
     params = {n: torch.tensor(v, dtype=torch.float64, requires_grad=True) for n, v in init.items()}
     params["floor"] = torch.tensor(math.log(3e-6), dtype=torch.float64, requires_grad=True)
+    for c in shifts:
+        params[f"shift:{c}"] = torch.zeros(1, dtype=torch.float64, requires_grad=True)
     opt = torch.optim.Adam(list(params.values()), lr=0.03)
     weight = rows.seconds.sqrt()
     weight = weight / weight.sum()
@@ -214,6 +236,8 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
         opt.zero_grad()
         pred = _device_seconds(params, rows, hw, masks, rates)
         loss = (weight * (torch.log(pred) - target) ** 2).sum()
+        if shifts:
+            loss = loss + SHIFT_PENALTY * sum((params[f"shift:{c}"] ** 2).sum() for c in shifts)
         loss.backward()
         opt.step()
     with torch.no_grad():
@@ -228,13 +252,16 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
         out = {"gemm": gemm, "memory": curve(params["memory"]),
                "vector": curve(params["vector"]) if "vector" in params else {"peak_fraction": 1.0},
                "device_floor_s": float(torch.exp(params["floor"]))}
+        if shifts:
+            out["vector_fraction"] = {c: curve(_vector_params(params, f"vector:{c}"))["peak_fraction"]
+                                      for c in shifts}
     return out
 
 
 def device_profile(hw: Hardware, fitted: dict, host_s=None, fixed_s=None) -> prior.Profile:
     """A ``prior.Profile`` from ``fit_device``'s curves (and, once fitted, the host costs)."""
     d = {"gemm": fitted["gemm"], "vector": fitted["vector"], "memory": fitted["memory"],
-         "launch_floor_s": fitted["device_floor_s"]}
+         "launch_floor_s": fitted["device_floor_s"], "vector_fraction": fitted.get("vector_fraction", {})}
     if host_s is not None:
         d["host_issue_s"] = list(host_s)
         d["host_fixed_s"] = list(fixed_s) if fixed_s is not None else [0.0, 0.0, 0.0]
@@ -263,9 +290,9 @@ def _prior_seconds(rows: KernelRows, profile: prior.Profile) -> torch.Tensor:
     rates = _rates(rows, hw)
     eff = torch.empty_like(rows.seconds)
     intensity = _intensity(rows)
-    for name, m in _masks(_groups(rows)).items():
-        if name == "vector":
-            curve = profile.vector
+    for name, m in _masks(_groups(rows, vector_by_category=True)).items():
+        if name.startswith("vector:"):
+            curve = profile.vector_curve(name[7:])
         else:
             category, dtype = name.split(":")
             curve = profile.gemm_curve(dtype, category)

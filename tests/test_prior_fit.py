@@ -55,6 +55,53 @@ def test_the_device_fit_recovers_the_curves_that_made_the_kernels():
     assert profile.memory(big).item() == pytest.approx(prior.Curve.from_dict(TRUE["memory"])(big).item(), rel=0.1)
 
 
+def test_a_non_gemm_category_gets_its_own_peak_fraction_where_its_kernels_run_faster():
+    """SYNTHETIC: element-wise kernels at the TRUE vector fraction (0.05), optimizer kernels (foreach,
+    compute-heavy per byte) at 0.5: one pooled vector curve cannot price both, one fraction per category
+    can; the pooled curve stays the element-wise one, which categories without a fraction use."""
+    g = torch.Generator().manual_seed(3)
+    n = 3000
+    opt = torch.rand(n, generator=g) < 0.3
+    moved = 10 ** (7 + 3 * torch.rand(n, generator=g, dtype=torch.float64))  # the memory curve's plateau
+    flops = moved * torch.where(opt, 40.0, 5.0)  # compute-bound in both, at their own fractions
+    category = ["optimizer" if o else "elementwise" for o in opt.tolist()]
+    rows = prior_fit.KernelRows(flops, moved, ["fp32"] * n, torch.zeros(n, dtype=torch.bool),
+                                torch.zeros(n, dtype=torch.bool), category, ["synthetic"] * n,
+                                torch.zeros(n, dtype=torch.float64))
+    truth = dataclasses.replace(prior.profile_from_dict(H200, TRUE), vector_fraction={"optimizer": 0.5})
+    noise = torch.exp(0.05 * torch.randn(n, generator=g, dtype=torch.float64))
+    rows.seconds = prior_fit._prior_seconds(rows, truth) * noise
+
+    fitted = prior_fit.fit_device(rows, H200, steps=1500, intensity=False)
+    profile = prior_fit.device_profile(H200, fitted)
+    for category, want in (("optimizer", 0.5), ("elementwise", 0.05)):
+        for size in (1e9, 3e10):  # the curve where the kernels are (its asymptote trades with its ramp)
+            got = profile.vector_curve(category)(torch.tensor([size], dtype=torch.float64)).item()
+            assert got == pytest.approx(want, rel=0.15), (category, size)
+    assert set(fitted["vector_fraction"]) == {"optimizer", "elementwise"}
+    per_category = prior_fit.kernel_errors(rows, prior_fit.device_profile(H200, fitted))
+    pooled = prior_fit.kernel_errors(rows, prior_fit.device_profile(
+        H200, prior_fit.fit_device(rows, H200, steps=1500, intensity=False, vector_by_category=False)))
+    assert per_category["optimizer"]["median_ape"] < 8 < pooled["optimizer"]["median_ape"]
+
+
+def test_a_category_s_own_fraction_prices_its_nodes_only_and_keeps_old_digests():
+    from torch_geometric.data import Data  # noqa: F401  (graph features as prior.node_seconds reads them)
+
+    x = torch.zeros(2, NODE_FEATURES)
+    x[:, 0] = math.log2(1 + 1e9)  # compute-bound: 1 GFLOP, 1 kB
+    x[:, 1] = x[:, 2] = math.log2(1 + 500)
+    x_cat = torch.zeros(2, 4, dtype=torch.long)
+    x_cat[0, 1], x_cat[1, 1] = ops.CATEGORIES.index("optimizer"), ops.CATEGORIES.index("elementwise")
+    x_cat[:, 2] = ops.DTYPE_ID["fp32"]
+    plain = prior.profile_from_dict(H200, TRUE)
+    own = prior.profile_from_dict(H200, {**TRUE, "vector_fraction": {"optimizer": 0.5}})
+    before, after = prior.node_seconds(x, x_cat, plain), prior.node_seconds(x, x_cat, own)
+    assert after[0].item() == pytest.approx(before[0].item() * 0.05 / 0.5, rel=1e-6)
+    assert after[1].item() == pytest.approx(before[1].item(), rel=1e-12)
+    assert "vector_fraction" in prior.OPTIONAL_PREDICTIVE_KEYS  # a section without it keeps its digest
+
+
 def _sample(n_kernels: int, kernel_s: float, family: str = "synthetic"):
     """A SYNTHETIC one-graph sample: n element-wise kernels per phase of a known device time each."""
     from torch_geometric.data import Data
