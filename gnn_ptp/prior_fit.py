@@ -154,18 +154,28 @@ def _groups(rows: KernelRows, by_category: bool = True, vector_by_category: bool
     kernels, "vector" otherwise, or with ``vector_by_category`` "vector:<category>" (the vector curve at
     the category's own peak fraction)."""
     def vector(c):
-        return f"vector:{c}" if vector_by_category else "vector"
+        return VECTOR_GROUP + c if vector_by_category else "vector"
     return [("vector" if d not in GEMM_DTYPES else f"{c}:{d}" if by_category else d) if g else vector(c)
             for d, g, c in zip(rows.dtype, rows.gemm.tolist(), rows.category)]
+
+
+VECTOR_GROUP = "vector:"
+"""Prefix of a non-GEMM category's group ("vector:<category>")."""
+
+
+def _vector_category(name: str) -> str | None:
+    """The category of a "vector:<category>" group; None for any other group."""
+    return name[len(VECTOR_GROUP):] if name.startswith(VECTOR_GROUP) else None
 
 
 def _vector_params(params: dict, name: str) -> torch.Tensor:
     """The raw curve parameters of group ``name``: "vector:<category>" is the vector curve with its peak
     fraction's raw parameter shifted by the category's own."""
-    if name.startswith("vector:"):
-        base = params["vector"]
-        return torch.cat([base[:1] + params[f"shift:{name[7:]}"], base[1:]])
-    return params[name]
+    category = _vector_category(name)
+    if category is None:
+        return params[name]
+    base = params["vector"]
+    return torch.cat([base[:1] + params[f"shift:{category}"], base[1:]])
 
 
 def _rates(rows: KernelRows, hw: Hardware) -> torch.Tensor:
@@ -209,12 +219,12 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
     vector curve (``vector_fraction``)."""
     groups = _groups(rows, by_category, vector_by_category)
     counts = {g: groups.count(g) for g in set(groups)}
-    groups = [("vector" if g.startswith("vector:") else g.split(":")[1])
+    groups = [("vector" if _vector_category(g) is not None else g.split(":")[1])
               if ":" in g and counts[g] < MIN_GROUP_ROWS else g for g in groups]
     rates = _rates(rows, hw)
     masks = _masks(groups)
-    shifts = sorted(n[7:] for n in masks if n.startswith("vector:"))
-    names = sorted({"vector" if n.startswith("vector:") else n for n in masks})
+    shifts = sorted(c for c in map(_vector_category, masks) if c is not None)
+    names = sorted({"vector" if _vector_category(n) is not None else n for n in masks})
     extra = [math.log(10.0), 0.0] if intensity else []
     bounded = hw.kind != "cpu"  # a CPU's curves may pass its quoted peaks
     if bounded:
@@ -253,7 +263,7 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
                "vector": curve(params["vector"]) if "vector" in params else {"peak_fraction": 1.0},
                "device_floor_s": float(torch.exp(params["floor"]))}
         if shifts:
-            out["vector_fraction"] = {c: curve(_vector_params(params, f"vector:{c}"))["peak_fraction"]
+            out["vector_fraction"] = {c: curve(_vector_params(params, VECTOR_GROUP + c))["peak_fraction"]
                                       for c in shifts}
     return out
 
@@ -291,8 +301,9 @@ def _prior_seconds(rows: KernelRows, profile: prior.Profile) -> torch.Tensor:
     eff = torch.empty_like(rows.seconds)
     intensity = _intensity(rows)
     for name, m in _masks(_groups(rows, vector_by_category=True)).items():
-        if name.startswith("vector:"):
-            curve = profile.vector_curve(name[7:])
+        category = _vector_category(name)
+        if category is not None:
+            curve = profile.vector_curve(category)
         else:
             category, dtype = name.split(":")
             curve = profile.gemm_curve(dtype, category)

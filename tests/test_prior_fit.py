@@ -86,8 +86,6 @@ def test_a_non_gemm_category_gets_its_own_peak_fraction_where_its_kernels_run_fa
 
 
 def test_a_category_s_own_fraction_prices_its_nodes_only_and_keeps_old_digests():
-    from torch_geometric.data import Data  # noqa: F401  (graph features as prior.node_seconds reads them)
-
     x = torch.zeros(2, NODE_FEATURES)
     x[:, 0] = math.log2(1 + 1e9)  # compute-bound: 1 GFLOP, 1 kB
     x[:, 1] = x[:, 2] = math.log2(1 + 500)
