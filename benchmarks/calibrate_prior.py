@@ -302,7 +302,8 @@ def print_table(errors: dict) -> None:
 
 
 def fit_profiles(data: Path, fit_families: list[str], by_category: bool = True,
-                 intensity: bool = True, vector_by_category: bool = True) -> tuple[dict, dict]:
+                 intensity: bool = True, vector_by_category: bool = True,
+                 memory_by_category: bool = True) -> tuple[dict, dict]:
     """Curves and host issue costs fitted to a GPU dataset's profiled kernels and timed steps of
     ``fit_families`` (gnn_ptp/prior_fit.py); errors on the kernels and steps of every other family."""
     from gnn_ptp import prior_fit
@@ -315,7 +316,7 @@ def fit_profiles(data: Path, fit_families: list[str], by_category: bool = True,
                          f"families need configurations (families here: {sorted({s.family for s in samples})})")
     rows_fit, rows_held = prior_fit.kernel_rows(fit_s, seconds), prior_fit.kernel_rows(held_s, seconds)
     fitted = prior_fit.fit_device(rows_fit, hw, by_category=by_category, intensity=intensity,
-                                  vector_by_category=vector_by_category)
+                                  vector_by_category=vector_by_category, memory_by_category=memory_by_category)
     device_only = prior_fit.device_profile(hw, fitted)
     host, fixed, host_report = prior_fit.fit_host(fit_s, device_only)
     profile = prior_fit.device_profile(hw, fitted, host, fixed)
@@ -408,6 +409,7 @@ def _section(hw, env: dict, source: str, summary: str, by_class: str, fitted: di
     return {"source": source, "expected_error": expected, "fitted_on": hw.name, **cpu,
             "gemm": fitted["gemm"], "vector": fitted["vector"], "memory": fitted["memory"],
             **({"vector_fraction": fitted["vector_fraction"]} if fitted.get("vector_fraction") else {}),
+            **({"memory_fraction": fitted["memory_fraction"]} if fitted.get("memory_fraction") else {}),
             "launch_floor_s": fitted["device_floor_s"], "host_issue_s": host,
             "host_fixed_s": list(profile.host_fixed_s), "fit_families": fit_families, "errors": errors}
 
@@ -475,6 +477,10 @@ def main() -> None:
     ap.add_argument("--pooled-vector", action="store_true",
                     help="with --profiles: one peak fraction for every non-GEMM kernel (the form before "
                          "2026-11-25; default: each category with enough kernels its own, vector_fraction)")
+    ap.add_argument("--pooled-memory", action="store_true",
+                    help="with --profiles: one bandwidth fraction for every kernel (the form before "
+                         "2026-11-25's second session; default: each non-GEMM category and dtype with enough "
+                         "kernels its own, memory_fraction)")
     ap.add_argument("--no-intensity", action="store_true",
                     help="with --profiles: curves by kernel size alone, without the arithmetic-intensity ramp")
     ap.add_argument("--neusight", type=Path, help="a checkout of github.com/sitfor/NeuSight (re-fits h100)")
@@ -495,7 +501,7 @@ def main() -> None:
     errors = {}
     if args.profiles:
         kw = {"by_category": not args.pooled_gemm, "intensity": not args.no_intensity,
-              "vector_by_category": not args.pooled_vector}
+              "vector_by_category": not args.pooled_vector, "memory_by_category": not args.pooled_memory}
         if args.lofo:
             section, e = fit_profiles_lofo(args.profiles, [f for f in args.hold_out.split(",") if f], **kw)
         else:
@@ -506,7 +512,7 @@ def main() -> None:
         if name == "cpu" and "cpu" in table and "host_issue_s" not in table["cpu"]:
             table["microbench-cpu"] = table["cpu"]  # the microbenchmark fit (--cpu), kept for comparison
         table[name] = section
-        print(f"{name}:", json.dumps({k: section[k] for k in ("gemm", "vector", "vector_fraction", "memory",
+        print(f"{name}:", json.dumps({k: section[k] for k in ("gemm", "vector", "vector_fraction", "memory", "memory_fraction",
                                                                "launch_floor_s", "host_issue_s", "host_fixed_s")
                                       if k in section}, indent=1))
         print_lofo(e) if args.lofo else print_profile_errors(e)

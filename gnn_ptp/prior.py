@@ -6,7 +6,7 @@ Per node (one kernel of ``graph.to_tensors``)::
     compute_s = FLOPs / (peak(dtype, path) * gemm_curve[category, dtype](FLOPs, intensity))
                                                                      matmul, conv, attention
               = FLOPs / (vector_rate * vector_curve(FLOPs, intensity))        everything else
-    memory_s  = bytes read + written / (bandwidth * memory_curve(bytes))
+    memory_s  = bytes read + written / (bandwidth * memory_curve[category, dtype](bytes))
     seconds   = max(compute_s, memory_s, launch_floor_s)
 
 ``peak(dtype, path)`` is ``Hardware.flops_rate``: tensor-core rates for tf32/fp16/bf16 matmuls on a GPU,
@@ -15,7 +15,9 @@ of the peak a kernel of that size reaches, ``peak_fraction / (1 + (half_size / s
 GEMMs run far below peak, large memory-bound kernels reach ~85-90 % of the bandwidth; a curve may also
 ramp with the kernel's arithmetic intensity (FLOPs per byte: thin GEMMs and depthwise convolutions fill
 few tiles). On a GPU fitted to its own profiles the GEMM-like curves are per category (matmul, conv,
-attention) and dtype: cuDNN convolutions and fused attention reach other fractions than cuBLAS GEMMs. The launch floor
+attention) and dtype: cuDNN convolutions and fused attention reach other fractions than cuBLAS GEMMs; the
+non-GEMM kernels share one compute curve and one bandwidth curve, each at a peak fraction of the kernel's
+own category (``vector_fraction``) or category and dtype (``memory_fraction``) where fitted so. The launch floor
 is the least time a kernel costs a PyTorch eager step (host dispatch + launch); a kernel shorter than it
 still costs it, because the host cannot issue kernels faster.
 
@@ -115,6 +117,11 @@ class Profile:
     """Per non-GEMM category ("optimizer", "norm", ...), its own peak fraction of ``vector`` where fitted so
     (the size and intensity ramps are shared): AdamW's foreach kernels stream memory, a norm's backward
     reduces. A category without one uses ``vector``'s."""
+    memory_fraction: dict[str, float] = field(default_factory=dict)
+    """Per non-GEMM "category:dtype" ("elementwise:bf16", "optimizer:fp32"), its own peak fraction of the
+    bandwidth where fitted so (the size ramp is shared): a large element-wise kernel streams at ~88 % of the
+    bandwidth, AdamW's foreach kernels on bf16 states at ~60 %, a norm's backward lower. Any other kernel
+    uses ``memory``'s."""
 
     @property
     def serial(self) -> bool:
@@ -127,6 +134,12 @@ class Profile:
         fraction where it has one."""
         fraction = self.vector_fraction.get(category)
         return self.vector if fraction is None else replace(self.vector, peak_fraction=fraction)
+
+    def memory_curve(self, category: str, dtype: str) -> Curve:
+        """The bandwidth curve of a kernel of ``category`` in ``dtype``: ``memory``, at the pair's own peak
+        fraction where it has one."""
+        fraction = self.memory_fraction.get(f"{category}:{dtype}")
+        return self.memory if fraction is None else replace(self.memory, peak_fraction=fraction)
 
     def gemm_curve(self, dtype: str, category: str = "matmul") -> Curve:
         """The curve of a GEMM-like kernel: its category's in its dtype, else the dtype's, else the
@@ -146,7 +159,7 @@ def calibration() -> dict:
 
 
 PREDICTIVE_KEYS = ("gemm", "vector", "memory", "launch_floor_s", "host_issue_s", "host_fixed_s")
-OPTIONAL_PREDICTIVE_KEYS = ("vector_fraction",)
+OPTIONAL_PREDICTIVE_KEYS = ("vector_fraction", "memory_fraction")
 """Predictive keys a section may lack; the digest covers them only where present, so that a section
 written before they existed keeps its digest (and the checkpoints trained over it stay valid)."""
 
@@ -171,7 +184,8 @@ def profile_from_dict(hw: Hardware, d: dict) -> Profile:
                    tuple(float(v) for v in d["host_issue_s"]) if d.get("host_issue_s") else None,
                    tuple(float(v) for v in d["host_fixed_s"]) if d.get("host_fixed_s") else None,
                    d.get("source", ""), d.get("expected_error", {}), d.get("fitted_on", ""),
-                   {k: float(v) for k, v in d.get("vector_fraction", {}).items()})
+                   {k: float(v) for k, v in d.get("vector_fraction", {}).items()},
+                   {k: float(v) for k, v in d.get("memory_fraction", {}).items()})
 
 
 def get_profile(hw: Hardware | str) -> Profile:
@@ -202,14 +216,16 @@ def node_seconds(x: torch.Tensor, x_cat: torch.Tensor, profile: Profile) -> torc
     tc = x[:, TC_COLUMN] > 0.5
     rate = torch.empty_like(flops)
     efficiency = torch.empty_like(flops)
+    bandwidth = torch.empty_like(flops)
     for (d, c, t, g) in set(zip(dtype.tolist(), category.tolist(), tc.tolist(), gemm.tolist())):
         rows = (dtype == d) & (category == c) & (tc == t) & (gemm == g)
-        name = ops.DTYPES[d]
+        name, cat = ops.DTYPES[d], ops.CATEGORIES[c]
         rate[rows] = hw.flops_rate(name, t, gemm=g)
-        curve = profile.gemm_curve(name, ops.CATEGORIES[c]) if g else profile.vector_curve(ops.CATEGORIES[c])
+        curve = profile.gemm_curve(name, cat) if g else profile.vector_curve(cat)
         efficiency[rows] = curve(flops[rows], intensity[rows])
+        bandwidth[rows] = profile.memory_curve(cat, name)(moved[rows])
     compute_s = flops / (rate * efficiency)
-    memory_s = moved / (hw.memory_bandwidth_Bps * profile.memory(moved))
+    memory_s = moved / (hw.memory_bandwidth_Bps * bandwidth)
     return torch.maximum(torch.maximum(compute_s, memory_s),
                          torch.full_like(flops, profile.launch_floor_s))
 

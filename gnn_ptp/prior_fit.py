@@ -188,14 +188,45 @@ def _masks(groups: list[str]) -> dict[str, torch.Tensor]:
     return {name: torch.tensor([g == name for g in groups]) for name in sorted(set(groups))}
 
 
-def _device_seconds(params: dict, rows: KernelRows, hw: Hardware, masks: dict, rates: torch.Tensor):
+MEMORY_GROUP = "memory:"
+"""Prefix of a non-GEMM (category, dtype)'s bandwidth group ("memory:<category>:<dtype>")."""
+
+
+def _memory_groups(rows: KernelRows, by_category: bool = True) -> list[str]:
+    """The bandwidth curve each row's memory time uses: "memory", or with ``by_category`` for a non-GEMM
+    kernel with at least ``MIN_GROUP_ROWS`` of its (category, dtype) "memory:<category>:<dtype>" (the
+    memory curve at the pair's own peak fraction)."""
+    if not by_category:
+        return ["memory"] * len(rows)
+    keys = [f"{MEMORY_GROUP}{c}:{d}" if not g else "memory"
+            for c, d, g in zip(rows.category, rows.dtype, rows.gemm.tolist())]
+    counts = {k: keys.count(k) for k in set(keys)}
+    return [k if counts[k] >= MIN_GROUP_ROWS else "memory" for k in keys]
+
+
+def _memory_params(params: dict, name: str) -> torch.Tensor:
+    """The raw memory curve parameters of group ``name``: "memory:<category>:<dtype>" is the memory curve
+    with its peak fraction's raw parameter shifted by the pair's own."""
+    if name == "memory":
+        return params["memory"]
+    base = params["memory"]
+    return torch.cat([base[:1] + params["mshift:" + name[len(MEMORY_GROUP):]], base[1:]])
+
+
+def _device_seconds(params: dict, rows: KernelRows, hw: Hardware, masks: dict, rates: torch.Tensor,
+                    memory_masks: dict | None = None):
     compute = torch.zeros_like(rows.seconds)
     intensity = _intensity(rows)
     bounded = hw.kind != "cpu"  # a CPU's curves may pass its quoted peaks
     for name, m in masks.items():
         eff = _curve_t(_vector_params(params, name), rows.flops[m], intensity[m], bounded)
         compute = compute.masked_scatter(m, rows.flops[m] / (rates[m] * eff))
-    memory = rows.moved / (hw.memory_bandwidth_Bps * _curve_t(params["memory"], rows.moved, bounded=bounded))
+    if memory_masks is None:
+        memory_masks = {"memory": torch.ones(len(rows), dtype=torch.bool)}
+    memory = torch.zeros_like(rows.seconds)
+    for name, m in memory_masks.items():
+        eff = _curve_t(_memory_params(params, name), rows.moved[m], bounded=bounded)
+        memory = memory.masked_scatter(m, rows.moved[m] / (hw.memory_bandwidth_Bps * eff))
     floor = torch.exp(params["floor"]).expand_as(compute)
     # a smooth max keeps the gradient alive for the term that is not (yet) the largest
     terms = torch.stack([compute.clamp_min(1e-12), memory.clamp_min(1e-12), floor]).log()
@@ -211,18 +242,21 @@ curve the pooled one, which the categories without a fraction of their own use."
 
 
 def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: bool = True,
-               intensity: bool = True, vector_by_category: bool = True) -> dict:
+               intensity: bool = True, vector_by_category: bool = True, memory_by_category: bool = True) -> dict:
     """Curves (``prior.Curve`` dicts) for GEMM-like kernels per category and dtype (``by_category``; else
     per dtype), other compute ("vector"), memory traffic, and the device floor in seconds, fitted to
     ``rows``. With ``intensity`` the compute curves also ramp with arithmetic intensity; with
     ``vector_by_category`` each non-GEMM category with enough kernels gets its own peak fraction of the
-    vector curve (``vector_fraction``)."""
+    vector curve (``vector_fraction``); with ``memory_by_category`` each non-GEMM (category, dtype) with
+    enough kernels its own peak fraction of the memory curve (``memory_fraction``)."""
     groups = _groups(rows, by_category, vector_by_category)
     counts = {g: groups.count(g) for g in set(groups)}
     groups = [("vector" if _vector_category(g) is not None else g.split(":")[1])
               if ":" in g and counts[g] < MIN_GROUP_ROWS else g for g in groups]
     rates = _rates(rows, hw)
     masks = _masks(groups)
+    memory_masks = _masks(_memory_groups(rows, memory_by_category))
+    mshifts = sorted(n[len(MEMORY_GROUP):] for n in memory_masks if n != "memory")
     shifts = sorted(c for c in map(_vector_category, masks) if c is not None)
     names = sorted({"vector" if _vector_category(n) is not None else n for n in masks})
     extra = [math.log(10.0), 0.0] if intensity else []
@@ -238,16 +272,20 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
     params["floor"] = torch.tensor(math.log(3e-6), dtype=torch.float64, requires_grad=True)
     for c in shifts:
         params[f"shift:{c}"] = torch.zeros(1, dtype=torch.float64, requires_grad=True)
+    for k in mshifts:
+        params[f"mshift:{k}"] = torch.zeros(1, dtype=torch.float64, requires_grad=True)
     opt = torch.optim.Adam(list(params.values()), lr=0.03)
     weight = rows.seconds.sqrt()
     weight = weight / weight.sum()
     target = torch.log(rows.seconds)
     for _ in range(steps):
         opt.zero_grad()
-        pred = _device_seconds(params, rows, hw, masks, rates)
+        pred = _device_seconds(params, rows, hw, masks, rates, memory_masks)
         loss = (weight * (torch.log(pred) - target) ** 2).sum()
         if shifts:
             loss = loss + SHIFT_PENALTY * sum((params[f"shift:{c}"] ** 2).sum() for c in shifts)
+        if mshifts:
+            loss = loss + SHIFT_PENALTY * sum((params[f"mshift:{k}"] ** 2).sum() for k in mshifts)
         loss.backward()
         opt.step()
     with torch.no_grad():
@@ -265,13 +303,17 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
         if shifts:
             out["vector_fraction"] = {c: curve(_vector_params(params, VECTOR_GROUP + c))["peak_fraction"]
                                       for c in shifts}
+        if mshifts:
+            out["memory_fraction"] = {k: curve(_memory_params(params, MEMORY_GROUP + k))["peak_fraction"]
+                                      for k in mshifts}
     return out
 
 
 def device_profile(hw: Hardware, fitted: dict, host_s=None, fixed_s=None) -> prior.Profile:
     """A ``prior.Profile`` from ``fit_device``'s curves (and, once fitted, the host costs)."""
     d = {"gemm": fitted["gemm"], "vector": fitted["vector"], "memory": fitted["memory"],
-         "launch_floor_s": fitted["device_floor_s"], "vector_fraction": fitted.get("vector_fraction", {})}
+         "launch_floor_s": fitted["device_floor_s"], "vector_fraction": fitted.get("vector_fraction", {}),
+         "memory_fraction": fitted.get("memory_fraction", {})}
     if host_s is not None:
         d["host_issue_s"] = list(host_s)
         d["host_fixed_s"] = list(fixed_s) if fixed_s is not None else [0.0, 0.0, 0.0]
@@ -309,7 +351,12 @@ def _prior_seconds(rows: KernelRows, profile: prior.Profile) -> torch.Tensor:
             curve = profile.gemm_curve(dtype, category)
         eff[m] = curve(rows.flops[m], intensity[m])
     compute = rows.flops / (rates * eff)
-    memory = rows.moved / (hw.memory_bandwidth_Bps * profile.memory(rows.moved))
+    bandwidth = torch.empty_like(rows.seconds)
+    category, dtype = np.array(rows.category), np.array(rows.dtype)
+    for c, d in set(zip(rows.category, rows.dtype)):
+        m = torch.from_numpy((category == c) & (dtype == d))
+        bandwidth[m] = profile.memory_curve(c, d)(rows.moved[m])
+    memory = rows.moved / (hw.memory_bandwidth_Bps * bandwidth)
     return torch.maximum(torch.maximum(compute, memory), torch.full_like(compute, profile.launch_floor_s))
 
 

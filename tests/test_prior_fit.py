@@ -58,7 +58,9 @@ def test_the_device_fit_recovers_the_curves_that_made_the_kernels():
 def test_a_non_gemm_category_gets_its_own_peak_fraction_where_its_kernels_run_faster():
     """SYNTHETIC: element-wise kernels at the TRUE vector fraction (0.05), optimizer kernels (foreach,
     compute-heavy per byte) at 0.5: one pooled vector curve cannot price both, one fraction per category
-    can; the pooled curve stays the element-wise one, which categories without a fraction use."""
+    can; the pooled curve stays the element-wise one, which categories without a fraction use. Each
+    category's FLOPs per byte is fixed here, so its own bandwidth fraction could stand in for its compute
+    fraction: the bandwidth is pooled to test the compute side alone."""
     g = torch.Generator().manual_seed(3)
     n = 3000
     opt = torch.rand(n, generator=g) < 0.3
@@ -72,7 +74,7 @@ def test_a_non_gemm_category_gets_its_own_peak_fraction_where_its_kernels_run_fa
     noise = torch.exp(0.05 * torch.randn(n, generator=g, dtype=torch.float64))
     rows.seconds = prior_fit._prior_seconds(rows, truth) * noise
 
-    fitted = prior_fit.fit_device(rows, H200, steps=1500, intensity=False)
+    fitted = prior_fit.fit_device(rows, H200, steps=1500, intensity=False, memory_by_category=False)
     profile = prior_fit.device_profile(H200, fitted)
     for category, want in (("optimizer", 0.5), ("elementwise", 0.05)):
         for size in (1e9, 3e10):  # the curve where the kernels are (its asymptote trades with its ramp)
@@ -81,8 +83,43 @@ def test_a_non_gemm_category_gets_its_own_peak_fraction_where_its_kernels_run_fa
     assert set(fitted["vector_fraction"]) == {"optimizer", "elementwise"}
     per_category = prior_fit.kernel_errors(rows, prior_fit.device_profile(H200, fitted))
     pooled = prior_fit.kernel_errors(rows, prior_fit.device_profile(
-        H200, prior_fit.fit_device(rows, H200, steps=1500, intensity=False, vector_by_category=False)))
+        H200, prior_fit.fit_device(rows, H200, steps=1500, intensity=False, vector_by_category=False,
+                                   memory_by_category=False)))
     assert per_category["optimizer"]["median_ape"] < 8 < pooled["optimizer"]["median_ape"]
+
+
+def test_a_non_gemm_category_and_dtype_gets_its_own_bandwidth_fraction():
+    """SYNTHETIC: memory-bound kernels (1 FLOP per 100 bytes) in three streams: fp32 element-wise at the
+    TRUE bandwidth fraction (0.8), bf16 element-wise at 0.9 and bf16 optimizer kernels at 0.55 (AdamW's
+    foreach kernels on bf16 states stream at ~60 % on an H200). One pooled memory curve cannot price all
+    three; one fraction per (category, dtype) can, and leaves the GEMM-side curves alone."""
+    g = torch.Generator().manual_seed(5)
+    n = 3000
+    kind = torch.randint(0, 3, (n,), generator=g)
+    moved = 10 ** (7 + 3 * torch.rand(n, generator=g, dtype=torch.float64))  # near the curve's plateau
+    category = ["optimizer" if k == 2 else "elementwise" for k in kind.tolist()]
+    dtype = ["fp32" if k == 0 else "bf16" for k in kind.tolist()]
+    rows = prior_fit.KernelRows(moved / 100, moved, dtype, torch.zeros(n, dtype=torch.bool),
+                                torch.zeros(n, dtype=torch.bool), category, ["synthetic"] * n,
+                                torch.zeros(n, dtype=torch.float64))
+    own = {"elementwise:bf16": 0.9, "optimizer:bf16": 0.55}
+    truth = dataclasses.replace(prior.profile_from_dict(H200, TRUE), memory_fraction=own)
+    noise = torch.exp(0.05 * torch.randn(n, generator=g, dtype=torch.float64))
+    rows.seconds = prior_fit._prior_seconds(rows, truth) * noise
+
+    fitted = prior_fit.fit_device(rows, H200, steps=1500, intensity=False)
+    assert set(fitted["memory_fraction"]) == {"elementwise:fp32", "elementwise:bf16", "optimizer:bf16"}
+    profile = prior_fit.device_profile(H200, fitted)
+    big = torch.tensor([1e10], dtype=torch.float64)
+    for (category, dtype), want in ((("elementwise", "fp32"), 0.8), (("elementwise", "bf16"), 0.9),
+                                    (("optimizer", "bf16"), 0.55)):
+        got = profile.memory_curve(category, dtype)(big).item()
+        assert got == pytest.approx(want * prior.Curve.from_dict(TRUE["memory"])(big).item() / 0.8, rel=0.1), \
+            (category, dtype)
+    per_pair = prior_fit.kernel_errors(rows, profile)
+    pooled = prior_fit.kernel_errors(rows, prior_fit.device_profile(
+        H200, prior_fit.fit_device(rows, H200, steps=1500, intensity=False, memory_by_category=False)))
+    assert per_pair["optimizer"]["median_ape"] < 8 < pooled["optimizer"]["median_ape"]
 
 
 def test_a_category_s_own_fraction_prices_its_nodes_only_and_keeps_old_digests():
@@ -98,6 +135,21 @@ def test_a_category_s_own_fraction_prices_its_nodes_only_and_keeps_old_digests()
     assert after[0].item() == pytest.approx(before[0].item() * 0.05 / 0.5, rel=1e-6)
     assert after[1].item() == pytest.approx(before[1].item(), rel=1e-12)
     assert "vector_fraction" in prior.OPTIONAL_PREDICTIVE_KEYS  # a section without it keeps its digest
+
+
+def test_a_pair_s_own_bandwidth_fraction_prices_its_nodes_only_and_keeps_old_digests():
+    x = torch.zeros(3, NODE_FEATURES)
+    x[:, 0] = math.log2(1 + 1e3)  # memory-bound: 1 kFLOP, 1 GB
+    x[:, 1] = x[:, 2] = math.log2(1 + 5e8)
+    x_cat = torch.zeros(3, 4, dtype=torch.long)
+    x_cat[:2, 1], x_cat[2, 1] = ops.CATEGORIES.index("optimizer"), ops.CATEGORIES.index("elementwise")
+    x_cat[0, 2], x_cat[1:, 2] = ops.DTYPE_ID["bf16"], ops.DTYPE_ID["fp32"]
+    plain = prior.profile_from_dict(H200, TRUE)
+    own = prior.profile_from_dict(H200, {**TRUE, "memory_fraction": {"optimizer:bf16": 0.4}})
+    before, after = prior.node_seconds(x, x_cat, plain), prior.node_seconds(x, x_cat, own)
+    assert after[0].item() == pytest.approx(before[0].item() * 0.8 / 0.4, rel=1e-6)
+    assert after[1:].tolist() == pytest.approx(before[1:].tolist(), rel=1e-12)  # other dtype, other category
+    assert "memory_fraction" in prior.OPTIONAL_PREDICTIVE_KEYS
 
 
 def _sample(n_kernels: int, kernel_s: float, family: str = "synthetic"):
