@@ -7,7 +7,7 @@ Per node (one kernel of ``graph.to_tensors``)::
                                                                      matmul, conv, attention
               = FLOPs / (vector_rate * vector_curve(FLOPs, intensity))        everything else
     memory_s  = bytes read + written / (bandwidth * memory_curve[category, dtype](bytes))
-    seconds   = max(compute_s, memory_s, launch_floor_s)
+    seconds   = max(compute_s, memory_s, launch_floor_s)        (memory_s alone for a ``streaming`` category)
 
 ``peak(dtype, path)`` is ``Hardware.flops_rate``: tensor-core rates for tf32/fp16/bf16 matmuls on a GPU,
 the CUDA-core rate for strict fp32, the measured GEMM rate per dtype on a CPU. A curve is the fraction
@@ -17,7 +17,8 @@ ramp with the kernel's arithmetic intensity (FLOPs per byte: thin GEMMs and dept
 few tiles). On a GPU fitted to its own profiles the GEMM-like curves are per category (matmul, conv,
 attention) and dtype: cuDNN convolutions and fused attention reach other fractions than cuBLAS GEMMs; the
 non-GEMM kernels share one compute curve and one bandwidth curve, each at a peak fraction of the kernel's
-own category (``vector_fraction``) or category and dtype (``memory_fraction``) where fitted so. The launch floor
+own category (``vector_fraction``) or category and dtype (``memory_fraction``, ``memory_half_size``) where
+fitted so, and the optimizer's foreach kernels are priced by their bytes alone (``streaming``). The launch floor
 is the least time a kernel costs a PyTorch eager step (host dispatch + launch); a kernel shorter than it
 still costs it, because the host cannot issue kernels faster.
 
@@ -122,6 +123,14 @@ class Profile:
     bandwidth where fitted so (the size ramp is shared): a large element-wise kernel streams at ~88 % of the
     bandwidth, AdamW's foreach kernels on bf16 states at ~60 %, a norm's backward lower. Any other kernel
     uses ``memory``'s."""
+    memory_half_size: dict[str, float] = field(default_factory=dict)
+    """Per non-GEMM "category:dtype", its own ``half_size`` of the memory curve where fitted so: AdamW's
+    foreach kernels reach half their bandwidth only at ~15 MB (one launch per chunk of tensors), an
+    element-wise kernel at a few MB."""
+    streaming: tuple[str, ...] = ()
+    """Non-GEMM categories priced by their bytes alone (no compute term), where fitted so: on a GPU AdamW's
+    foreach kernels do well under one FLOP per byte moved, far below any compute ridge, and a compute curve
+    fitted to them prices large ones by FLOPs that never bind."""
 
     @property
     def serial(self) -> bool:
@@ -137,9 +146,13 @@ class Profile:
 
     def memory_curve(self, category: str, dtype: str) -> Curve:
         """The bandwidth curve of a kernel of ``category`` in ``dtype``: ``memory``, at the pair's own peak
-        fraction where it has one."""
-        fraction = self.memory_fraction.get(f"{category}:{dtype}")
-        return self.memory if fraction is None else replace(self.memory, peak_fraction=fraction)
+        fraction and half size where it has them."""
+        key = f"{category}:{dtype}"
+        fraction, half = self.memory_fraction.get(key), self.memory_half_size.get(key)
+        if fraction is None and half is None:
+            return self.memory
+        return replace(self.memory, peak_fraction=self.memory.peak_fraction if fraction is None else fraction,
+                       half_size=self.memory.half_size if half is None else half)
 
     def gemm_curve(self, dtype: str, category: str = "matmul") -> Curve:
         """The curve of a GEMM-like kernel: its category's in its dtype, else the dtype's, else the
@@ -159,7 +172,7 @@ def calibration() -> dict:
 
 
 PREDICTIVE_KEYS = ("gemm", "vector", "memory", "launch_floor_s", "host_issue_s", "host_fixed_s")
-OPTIONAL_PREDICTIVE_KEYS = ("vector_fraction", "memory_fraction")
+OPTIONAL_PREDICTIVE_KEYS = ("vector_fraction", "memory_fraction", "memory_half_size", "streaming")
 """Predictive keys a section may lack; the digest covers them only where present, so that a section
 written before they existed keeps its digest (and the checkpoints trained over it stay valid)."""
 
@@ -185,7 +198,9 @@ def profile_from_dict(hw: Hardware, d: dict) -> Profile:
                    tuple(float(v) for v in d["host_fixed_s"]) if d.get("host_fixed_s") else None,
                    d.get("source", ""), d.get("expected_error", {}), d.get("fitted_on", ""),
                    {k: float(v) for k, v in d.get("vector_fraction", {}).items()},
-                   {k: float(v) for k, v in d.get("memory_fraction", {}).items()})
+                   {k: float(v) for k, v in d.get("memory_fraction", {}).items()},
+                   {k: float(v) for k, v in d.get("memory_half_size", {}).items()},
+                   tuple(d.get("streaming", ())))
 
 
 def get_profile(hw: Hardware | str) -> Profile:
@@ -223,6 +238,8 @@ def node_seconds(x: torch.Tensor, x_cat: torch.Tensor, profile: Profile) -> torc
         rate[rows] = hw.flops_rate(name, t, gemm=g)
         curve = profile.gemm_curve(name, cat) if g else profile.vector_curve(cat)
         efficiency[rows] = curve(flops[rows], intensity[rows])
+        if cat in profile.streaming and not g:
+            efficiency[rows] = float("inf")  # priced by its bytes alone
         bandwidth[rows] = profile.memory_curve(cat, name)(moved[rows])
     compute_s = flops / (rate * efficiency)
     memory_s = moved / (hw.memory_bandwidth_Bps * bandwidth)

@@ -206,11 +206,11 @@ def _memory_groups(rows: KernelRows, by_category: bool = True) -> list[str]:
 
 def _memory_params(params: dict, name: str) -> torch.Tensor:
     """The raw memory curve parameters of group ``name``: "memory:<category>:<dtype>" is the memory curve
-    with its peak fraction's raw parameter shifted by the pair's own."""
+    with its peak fraction's and half size's raw parameters shifted by the pair's own."""
     if name == "memory":
         return params["memory"]
     base = params["memory"]
-    return torch.cat([base[:1] + params["mshift:" + name[len(MEMORY_GROUP):]], base[1:]])
+    return torch.cat([base[:2] + params["mshift:" + name[len(MEMORY_GROUP):]], base[2:]])
 
 
 def _device_seconds(params: dict, rows: KernelRows, hw: Hardware, masks: dict, rates: torch.Tensor,
@@ -233,6 +233,12 @@ def _device_seconds(params: dict, rows: KernelRows, hw: Hardware, masks: dict, r
     return torch.logsumexp(terms * 8, 0).div(8).exp()
 
 
+MEMORY_SHIFT_PENALTY = 1e-5
+"""L2 weight on a (category, dtype)'s shifts of the memory curve's peak fraction and half size (raw scale):
+weaker than ``SHIFT_PENALTY``; at 1e-3 it held AdamW's large foreach kernels 1.3x too slow (a few per cent
+of the weighted loss sit in them)."""
+STREAMING = ("optimizer",)
+"""The non-GEMM categories a GPU fit prices by their bytes alone (``prior.Profile.streaming``)."""
 MIN_GROUP_ROWS = 50
 """A (category, dtype) curve needs this many kernels; fewer are fitted with their dtype's pooled curve (a
 non-GEMM category's peak fraction: with the vector curve's)."""
@@ -242,19 +248,26 @@ curve the pooled one, which the categories without a fraction of their own use."
 
 
 def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: bool = True,
-               intensity: bool = True, vector_by_category: bool = True, memory_by_category: bool = True) -> dict:
+               intensity: bool = True, vector_by_category: bool = True, memory_by_category: bool = True,
+               streaming: tuple[str, ...] | None = None) -> dict:
     """Curves (``prior.Curve`` dicts) for GEMM-like kernels per category and dtype (``by_category``; else
     per dtype), other compute ("vector"), memory traffic, and the device floor in seconds, fitted to
     ``rows``. With ``intensity`` the compute curves also ramp with arithmetic intensity; with
     ``vector_by_category`` each non-GEMM category with enough kernels gets its own peak fraction of the
     vector curve (``vector_fraction``); with ``memory_by_category`` each non-GEMM (category, dtype) with
-    enough kernels its own peak fraction of the memory curve (``memory_fraction``)."""
+    enough kernels its own peak fraction and half size of the memory curve (``memory_fraction``,
+    ``memory_half_size``). ``streaming`` categories are priced by their bytes alone (``prior.Profile.streaming``;
+    default: the optimizer's on a GPU with ``memory_by_category``, none otherwise)."""
+    if streaming is None:
+        streaming = STREAMING if memory_by_category and hw.kind != "cpu" else ()
     groups = _groups(rows, by_category, vector_by_category)
     counts = {g: groups.count(g) for g in set(groups)}
     groups = [("vector" if _vector_category(g) is not None else g.split(":")[1])
               if ":" in g and counts[g] < MIN_GROUP_ROWS else g for g in groups]
     rates = _rates(rows, hw)
-    masks = _masks(groups)
+    streams = torch.tensor([c in streaming and not g for c, g in zip(rows.category, rows.gemm.tolist())])
+    masks = {n: m & ~streams for n, m in _masks(groups).items()}
+    masks = {n: m for n, m in masks.items() if bool(m.any())}
     memory_masks = _masks(_memory_groups(rows, memory_by_category))
     mshifts = sorted(n[len(MEMORY_GROUP):] for n in memory_masks if n != "memory")
     shifts = sorted(c for c in map(_vector_category, masks) if c is not None)
@@ -273,7 +286,7 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
     for c in shifts:
         params[f"shift:{c}"] = torch.zeros(1, dtype=torch.float64, requires_grad=True)
     for k in mshifts:
-        params[f"mshift:{k}"] = torch.zeros(1, dtype=torch.float64, requires_grad=True)
+        params[f"mshift:{k}"] = torch.zeros(2, dtype=torch.float64, requires_grad=True)
     opt = torch.optim.Adam(list(params.values()), lr=0.03)
     weight = rows.seconds.sqrt()
     weight = weight / weight.sum()
@@ -285,7 +298,7 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
         if shifts:
             loss = loss + SHIFT_PENALTY * sum((params[f"shift:{c}"] ** 2).sum() for c in shifts)
         if mshifts:
-            loss = loss + SHIFT_PENALTY * sum((params[f"mshift:{k}"] ** 2).sum() for k in mshifts)
+            loss = loss + MEMORY_SHIFT_PENALTY * sum((params[f"mshift:{k}"] ** 2).sum() for k in mshifts)
         loss.backward()
         opt.step()
     with torch.no_grad():
@@ -304,8 +317,11 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
             out["vector_fraction"] = {c: curve(_vector_params(params, VECTOR_GROUP + c))["peak_fraction"]
                                       for c in shifts}
         if mshifts:
-            out["memory_fraction"] = {k: curve(_memory_params(params, MEMORY_GROUP + k))["peak_fraction"]
-                                      for k in mshifts}
+            own = {k: curve(_memory_params(params, MEMORY_GROUP + k)) for k in mshifts}
+            out["memory_fraction"] = {k: c["peak_fraction"] for k, c in own.items()}
+            out["memory_half_size"] = {k: c["half_size"] for k, c in own.items()}
+        if streaming:
+            out["streaming"] = sorted(streaming)
     return out
 
 
@@ -313,7 +329,8 @@ def device_profile(hw: Hardware, fitted: dict, host_s=None, fixed_s=None) -> pri
     """A ``prior.Profile`` from ``fit_device``'s curves (and, once fitted, the host costs)."""
     d = {"gemm": fitted["gemm"], "vector": fitted["vector"], "memory": fitted["memory"],
          "launch_floor_s": fitted["device_floor_s"], "vector_fraction": fitted.get("vector_fraction", {}),
-         "memory_fraction": fitted.get("memory_fraction", {})}
+         "memory_fraction": fitted.get("memory_fraction", {}),
+         "memory_half_size": fitted.get("memory_half_size", {}), "streaming": fitted.get("streaming", [])}
     if host_s is not None:
         d["host_issue_s"] = list(host_s)
         d["host_fixed_s"] = list(fixed_s) if fixed_s is not None else [0.0, 0.0, 0.0]
@@ -350,6 +367,8 @@ def _prior_seconds(rows: KernelRows, profile: prior.Profile) -> torch.Tensor:
             category, dtype = name.split(":")
             curve = profile.gemm_curve(dtype, category)
         eff[m] = curve(rows.flops[m], intensity[m])
+        if _vector_category(name) is not None and category in profile.streaming:
+            eff[m] = float("inf")  # priced by its bytes alone
     compute = rows.flops / (rates * eff)
     bandwidth = torch.empty_like(rows.seconds)
     category, dtype = np.array(rows.category), np.array(rows.dtype)

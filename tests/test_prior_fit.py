@@ -90,9 +90,10 @@ def test_a_non_gemm_category_gets_its_own_peak_fraction_where_its_kernels_run_fa
 
 def test_a_non_gemm_category_and_dtype_gets_its_own_bandwidth_fraction():
     """SYNTHETIC: memory-bound kernels (1 FLOP per 100 bytes) in three streams: fp32 element-wise at the
-    TRUE bandwidth fraction (0.8), bf16 element-wise at 0.9 and bf16 optimizer kernels at 0.55 (AdamW's
-    foreach kernels on bf16 states stream at ~60 % on an H200). One pooled memory curve cannot price all
-    three; one fraction per (category, dtype) can, and leaves the GEMM-side curves alone."""
+    TRUE bandwidth fraction (0.8), bf16 element-wise at 0.9 and bf16 optimizer kernels at 0.55, reaching
+    half of it only at 20 MB (AdamW's foreach kernels on bf16 states: ~65 % on an H200, one launch per chunk
+    of tensors). One pooled memory curve cannot price all three; one fraction and half size per (category,
+    dtype) can."""
     g = torch.Generator().manual_seed(5)
     n = 3000
     kind = torch.randint(0, 3, (n,), generator=g)
@@ -103,7 +104,8 @@ def test_a_non_gemm_category_and_dtype_gets_its_own_bandwidth_fraction():
                                 torch.zeros(n, dtype=torch.bool), category, ["synthetic"] * n,
                                 torch.zeros(n, dtype=torch.float64))
     own = {"elementwise:bf16": 0.9, "optimizer:bf16": 0.55}
-    truth = dataclasses.replace(prior.profile_from_dict(H200, TRUE), memory_fraction=own)
+    truth = dataclasses.replace(prior.profile_from_dict(H200, TRUE), memory_fraction=own,
+                                memory_half_size={"optimizer:bf16": 2e7})
     noise = torch.exp(0.05 * torch.randn(n, generator=g, dtype=torch.float64))
     rows.seconds = prior_fit._prior_seconds(rows, truth) * noise
 
@@ -116,6 +118,8 @@ def test_a_non_gemm_category_and_dtype_gets_its_own_bandwidth_fraction():
         got = profile.memory_curve(category, dtype)(big).item()
         assert got == pytest.approx(want * prior.Curve.from_dict(TRUE["memory"])(big).item() / 0.8, rel=0.1), \
             (category, dtype)
+    mid = torch.tensor([2e7], dtype=torch.float64)  # the optimizer's half size: ~half its fraction
+    assert profile.memory_curve("optimizer", "bf16")(mid).item() == pytest.approx(0.55 / 2, rel=0.15)
     per_pair = prior_fit.kernel_errors(rows, profile)
     pooled = prior_fit.kernel_errors(rows, prior_fit.device_profile(
         H200, prior_fit.fit_device(rows, H200, steps=1500, intensity=False, memory_by_category=False)))
@@ -150,6 +154,28 @@ def test_a_pair_s_own_bandwidth_fraction_prices_its_nodes_only_and_keeps_old_dig
     assert after[0].item() == pytest.approx(before[0].item() * 0.8 / 0.4, rel=1e-6)
     assert after[1:].tolist() == pytest.approx(before[1:].tolist(), rel=1e-12)  # other dtype, other category
     assert "memory_fraction" in prior.OPTIONAL_PREDICTIVE_KEYS
+
+
+def test_a_streaming_category_is_priced_by_its_bytes_alone_and_is_the_gpu_default():
+    x = torch.zeros(2, NODE_FEATURES)
+    x[:, 0] = math.log2(1 + 1e12)  # 1 TFLOP over 1 GB: compute-bound at the vector curve's 0.05
+    x[:, 1] = x[:, 2] = math.log2(1 + 5e8)
+    x_cat = torch.zeros(2, 4, dtype=torch.long)
+    x_cat[0, 1], x_cat[1, 1] = ops.CATEGORIES.index("optimizer"), ops.CATEGORIES.index("elementwise")
+    x_cat[:, 2] = ops.DTYPE_ID["fp32"]
+    plain = prior.profile_from_dict(H200, TRUE)
+    streams = prior.profile_from_dict(H200, {**TRUE, "streaming": ["optimizer"]})
+    before, after = prior.node_seconds(x, x_cat, plain), prior.node_seconds(x, x_cat, streams)
+    by_bytes = 1e9 / (H200.memory_bandwidth_Bps * plain.memory(torch.tensor([1e9], dtype=torch.float64)).item())
+    assert after[0].item() == pytest.approx(by_bytes, rel=1e-5) and before[0].item() > 10 * by_bytes  # float32 features
+    assert after[1].item() == pytest.approx(before[1].item(), rel=1e-12)
+    assert "streaming" in prior.OPTIONAL_PREDICTIVE_KEYS
+    rows = _synthetic_rows(600)
+    rows.category[:100] = ["optimizer"] * 100
+    rows.gemm[:100] = False
+    assert prior_fit.fit_device(rows, H200, steps=5)["streaming"] == ["optimizer"]
+    assert "streaming" not in prior_fit.fit_device(rows, H200, steps=5, memory_by_category=False)
+    assert "streaming" not in prior_fit.fit_device(rows, HARDWARE["cpu"], steps=5)
 
 
 def _sample(n_kernels: int, kernel_s: float, family: str = "synthetic"):
