@@ -120,13 +120,13 @@ class Profile:
     reduces. A category without one uses ``vector``'s."""
     memory_fraction: dict[str, float] = field(default_factory=dict)
     """Per non-GEMM "category:dtype" ("elementwise:bf16", "optimizer:fp32"), its own peak fraction of the
-    bandwidth where fitted so (the size ramp is shared): a large element-wise kernel streams at ~88 % of the
-    bandwidth, AdamW's foreach kernels on bf16 states at ~60 %, a norm's backward lower. Any other kernel
-    uses ``memory``'s."""
+    bandwidth where fitted so (the ramp's slope is shared): on the H200 fit a large fp32 element-wise kernel
+    streams at ~80 % of the bandwidth, AdamW's foreach kernels on bf16 states at ~66 %, a norm's backward at
+    10-30 %. Any other kernel uses ``memory``'s."""
     memory_half_size: dict[str, float] = field(default_factory=dict)
     """Per non-GEMM "category:dtype", its own ``half_size`` of the memory curve where fitted so: AdamW's
-    foreach kernels reach half their bandwidth only at ~15 MB (one launch per chunk of tensors), an
-    element-wise kernel at a few MB."""
+    foreach kernels reach half their bandwidth only at ~40 MB (one launch per chunk of tensors), an
+    element-wise kernel at ~5 MB."""
     streaming: tuple[str, ...] = ()
     """Non-GEMM categories priced by their bytes alone (no compute term), where fitted so: on a GPU AdamW's
     foreach kernels do well under one FLOP per byte moved, far below any compute ridge, and a compute curve

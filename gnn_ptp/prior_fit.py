@@ -195,7 +195,7 @@ MEMORY_GROUP = "memory:"
 def _memory_groups(rows: KernelRows, by_category: bool = True) -> list[str]:
     """The bandwidth curve each row's memory time uses: "memory", or with ``by_category`` for a non-GEMM
     kernel with at least ``MIN_GROUP_ROWS`` of its (category, dtype) "memory:<category>:<dtype>" (the
-    memory curve at the pair's own peak fraction)."""
+    memory curve at the pair's own peak fraction and half size)."""
     if not by_category:
         return ["memory"] * len(rows)
     keys = [f"{MEMORY_GROUP}{c}:{d}" if not g else "memory"
