@@ -409,7 +409,7 @@ def _section(hw, env: dict, source: str, summary: str, by_class: str, fitted: di
     return {"source": source, "expected_error": expected, "fitted_on": hw.name, **cpu,
             "gemm": fitted["gemm"], "vector": fitted["vector"], "memory": fitted["memory"],
             **({"vector_fraction": fitted["vector_fraction"]} if fitted.get("vector_fraction") else {}),
-            **({k: fitted[k] for k in ("memory_fraction", "memory_half_size", "streaming", "streaming") if fitted.get(k)}),
+            **({k: fitted[k] for k in ("memory_fraction", "memory_half_size", "streaming") if fitted.get(k)}),
             "launch_floor_s": fitted["device_floor_s"], "host_issue_s": host,
             "host_fixed_s": list(profile.host_fixed_s), "fit_families": fit_families, "errors": errors}
 
@@ -512,9 +512,9 @@ def main() -> None:
         if name == "cpu" and "cpu" in table and "host_issue_s" not in table["cpu"]:
             table["microbench-cpu"] = table["cpu"]  # the microbenchmark fit (--cpu), kept for comparison
         table[name] = section
-        print(f"{name}:", json.dumps({k: section[k] for k in ("gemm", "vector", "vector_fraction", "memory", "memory_fraction", "memory_half_size", "streaming",
-                                                               "launch_floor_s", "host_issue_s", "host_fixed_s")
-                                      if k in section}, indent=1))
+        shown = ("gemm", "vector", "vector_fraction", "memory", "memory_fraction", "memory_half_size", "streaming",
+                 "launch_floor_s", "host_issue_s", "host_fixed_s")
+        print(f"{name}:", json.dumps({k: section[k] for k in shown if k in section}, indent=1))
         print_lofo(e) if args.lofo else print_profile_errors(e)
     if args.neusight:
         table["h100"], e = fit_h100(args.neusight)

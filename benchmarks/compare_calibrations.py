@@ -27,20 +27,23 @@ def main() -> None:
     ap.add_argument("--data", type=Path, required=True, help="a dataset folder with per-op profiles")
     ap.add_argument("calibrations", nargs="+", type=Path, help="prior_calibration.json files to compare")
     args = ap.parse_args()
+    tables = {}
     for path in args.calibrations:
-        if not path.is_file():
-            ap.error(f"calibration {path}: no such file (give prior_calibration.json files)")
+        try:
+            tables[path] = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            ap.error(f"calibration {path}: not a readable prior_calibration.json ({e.__class__.__name__})")
     hw, samples, _ = prior_fit.load_profiled(args.data)
-    section = hw.name if hw.name in json.loads(args.calibrations[0].read_text()) else prior.CURVES_OF.get(hw.name)
+    section = prior.section_for(hw.name, tables[args.calibrations[0]])
+    for path, table in tables.items():
+        if section not in table:
+            ap.error(f"calibration {path}: no section {section!r} (sections: {', '.join(sorted(table))})")
     true = np.array([s.y[0].double().exp().numpy()[:4] for s in samples])
     family = np.array([s.family for s in samples])
     precision = np.array([s.precision for s in samples])
     print(f"{args.data}: {len(samples)} configurations on {hw.description}; section {section}\n")
     print(f"{'calibration':<36}{'step':>7}{'fwd':>7}{'bwd':>7}{'opt':>7}   per family | per precision class")
-    for path in args.calibrations:
-        table = json.loads(path.read_text())
-        if section not in table:
-            ap.error(f"calibration {path}: no section {section!r} (sections: {', '.join(sorted(table))})")
+    for path, table in tables.items():
         profile = prior.profile_from_dict(hw, table[section])
         pred = np.array([prior.phase_ms(s, profile) for s in samples])
         ape = np.abs(pred / true - 1) * 100

@@ -208,10 +208,16 @@ def get_profile(hw: Hardware | str) -> Profile:
     if isinstance(hw, str):
         hw = HARDWARE[hw]
     table = calibration()
-    name = hw.name if hw.name in table else CURVES_OF.get(hw.name)
+    name = section_for(hw.name, table)
     if name not in table or HARDWARE.get(hw.name) != hw:  # a made-up Hardware: plain roofline
         return Profile(hw)
     return profile_from_dict(hw, table[name])
+
+
+def section_for(hardware: str, table: dict) -> str | None:
+    """The calibration section of ``table`` a hardware's profile comes from: its own, else the one whose
+    curves it borrows (``CURVES_OF``)."""
+    return hardware if hardware in table else CURVES_OF.get(hardware)
 
 
 def _unlog(v: torch.Tensor) -> torch.Tensor:
@@ -236,10 +242,11 @@ def node_seconds(x: torch.Tensor, x_cat: torch.Tensor, profile: Profile) -> torc
         rows = (dtype == d) & (category == c) & (tc == t) & (gemm == g)
         name, cat = ops.DTYPES[d], ops.CATEGORIES[c]
         rate[rows] = hw.flops_rate(name, t, gemm=g)
-        curve = profile.gemm_curve(name, cat) if g else profile.vector_curve(cat)
-        efficiency[rows] = curve(flops[rows], intensity[rows])
-        if cat in profile.streaming and not g:
+        if not g and cat in profile.streaming:
             efficiency[rows] = float("inf")  # priced by its bytes alone
+        else:
+            curve = profile.gemm_curve(name, cat) if g else profile.vector_curve(cat)
+            efficiency[rows] = curve(flops[rows], intensity[rows])
         bandwidth[rows] = profile.memory_curve(cat, name)(moved[rows])
     compute_s = flops / (rate * efficiency)
     memory_s = moved / (hw.memory_bandwidth_Bps * bandwidth)

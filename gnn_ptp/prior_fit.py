@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -174,8 +175,12 @@ def _vector_params(params: dict, name: str) -> torch.Tensor:
     category = _vector_category(name)
     if category is None:
         return params[name]
-    base = params["vector"]
-    return torch.cat([base[:1] + params[f"shift:{category}"], base[1:]])
+    return _shifted(params["vector"], params[f"shift:{category}"])
+
+
+def _shifted(base: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    """Raw curve parameters ``base`` with their first ``len(shift)`` entries moved by ``shift``."""
+    return torch.cat([base[:shift.numel()] + shift, base[shift.numel():]])
 
 
 def _rates(rows: KernelRows, hw: Hardware) -> torch.Tensor:
@@ -200,7 +205,7 @@ def _memory_groups(rows: KernelRows, by_category: bool = True) -> list[str]:
         return ["memory"] * len(rows)
     keys = [f"{MEMORY_GROUP}{c}:{d}" if not g else "memory"
             for c, d, g in zip(rows.category, rows.dtype, rows.gemm.tolist())]
-    counts = {k: keys.count(k) for k in set(keys)}
+    counts = Counter(keys)
     return [k if counts[k] >= MIN_GROUP_ROWS else "memory" for k in keys]
 
 
@@ -209,8 +214,7 @@ def _memory_params(params: dict, name: str) -> torch.Tensor:
     with its peak fraction's and half size's raw parameters shifted by the pair's own."""
     if name == "memory":
         return params["memory"]
-    base = params["memory"]
-    return torch.cat([base[:2] + params["mshift:" + name[len(MEMORY_GROUP):]], base[2:]])
+    return _shifted(params["memory"], params["mshift:" + name[len(MEMORY_GROUP):]])
 
 
 def _device_seconds(params: dict, rows: KernelRows, hw: Hardware, masks: dict, rates: torch.Tensor,
@@ -261,7 +265,7 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
     if streaming is None:
         streaming = STREAMING if memory_by_category and hw.kind != "cpu" else ()
     groups = _groups(rows, by_category, vector_by_category)
-    counts = {g: groups.count(g) for g in set(groups)}
+    counts = Counter(groups)
     groups = [("vector" if _vector_category(g) is not None else g.split(":")[1])
               if ":" in g and counts[g] < MIN_GROUP_ROWS else g for g in groups]
     rates = _rates(rows, hw)
@@ -366,9 +370,8 @@ def _prior_seconds(rows: KernelRows, profile: prior.Profile) -> torch.Tensor:
         else:
             category, dtype = name.split(":")
             curve = profile.gemm_curve(dtype, category)
-        eff[m] = curve(rows.flops[m], intensity[m])
-        if _vector_category(name) is not None and category in profile.streaming:
-            eff[m] = float("inf")  # priced by its bytes alone
+        streams = _vector_category(name) is not None and category in profile.streaming
+        eff[m] = float("inf") if streams else curve(rows.flops[m], intensity[m])  # streaming: bytes alone
     compute = rows.flops / (rates * eff)
     bandwidth = torch.empty_like(rows.seconds)
     category, dtype = np.array(rows.category), np.array(rows.dtype)
