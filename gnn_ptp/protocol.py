@@ -22,8 +22,9 @@ ceilings (``descriptor.transfer``), or, where nothing in the fold can be refitte
 seen the test kind's steps, by curves fitted to kernel timings alone (``FALLBACK_SECTION``). Every MAPE comes with a bootstrap
 95 % interval (families and configurations resampled) and the label noise floor of the same
 configurations: the error a perfect predictor of the true mean would show against labels that average n
-noisy measurements, sqrt(2/pi) x the measurements' relative standard deviation / sqrt(n), from
-configurations measured more than once.
+noisy measurements, sqrt(2/pi) x the measurements' relative standard deviation / sqrt(n), that deviation
+pooled from the configurations measured more than once nearest in step time (``noise.py``), so the ones
+measured once count with their full noise.
 
 Training many models takes time: ``--epochs``, ``--patience``, ``--families`` and ``--seeds`` set the
 budget, ``--jobs`` trains that many folds at once in forked processes (CI runs it all on synthetic data in
@@ -33,7 +34,6 @@ seconds). Every fold's per-configuration predictions are kept in the result (``f
 from __future__ import annotations
 
 import dataclasses
-import math
 import random
 import sys
 import time
@@ -148,14 +148,13 @@ def repeat_key(sample) -> tuple:
 
 
 def noise_floor(keys, repeats: dict) -> float | None:
-    """The label noise floor (%) of these configurations: mean over those measured n >= 2 times of
-    sqrt(2/pi) x relative sd / sqrt(n) (None when none was measured twice)."""
-    floors = []
-    for k in keys:
-        v = np.asarray(repeats.get(k, ()), dtype=float)
-        if len(v) >= 2 and v.mean() > 0:
-            floors.append(math.sqrt(2 / math.pi) * v.std(ddof=1) / v.mean() / math.sqrt(len(v)) * 100)
-    return float(np.mean(floors)) if floors else None
+    """The label noise floor (%) of these configurations (``noise.NoiseFloor``): sqrt(2/pi) x the
+    per-measurement relative sd / sqrt(n), the sd pooled from the hardware's repeated configurations nearest
+    in step time, so configurations measured once count with their full noise (None where the hardware has
+    no configuration measured twice)."""
+    from gnn_ptp.noise import NoiseFloor
+
+    return NoiseFloor(repeats).floor(keys)
 
 
 def step_flops(sample) -> float:

@@ -194,12 +194,19 @@ def test_repeats_are_kept_apart_by_hardware_kind(two_cpus):
 
 
 def test_noise_floor_closed_form():
-    repeats = {"a": [100.0, 110.0], "b": [50.0, 50.0, 50.0], "c": [10.0]}
-    sd = np.std([100.0, 110.0], ddof=1)
-    expected_a = math.sqrt(2 / math.pi) * sd / 105.0 / math.sqrt(2) * 100
-    assert protocol.noise_floor(["a"], repeats) == pytest.approx(expected_a)
-    assert protocol.noise_floor(["a", "b", "c"], repeats) == pytest.approx(expected_a / 2)
-    assert protocol.noise_floor(["c"], repeats) is None
+    from gnn_ptp.noise import c4
+
+    repeats = {("h", "a"): [100.0, 110.0], ("h", "b"): [50.0, 50.0, 50.0], ("h", "c"): [10.0]}
+    sd_a = np.std([100.0, 110.0], ddof=1) / c4(2) / 105.0
+    # every configuration pools the (here: all) repeated ones of its hardware, a's noise and b's none
+    pooled = (sd_a + 0.0) / 2
+    expected = [math.sqrt(2 / math.pi) * pooled / math.sqrt(n) * 100 for n in (2, 3, 1)]
+    assert protocol.noise_floor([("h", "a")], repeats) == pytest.approx(expected[0])
+    assert protocol.noise_floor([("h", "a"), ("h", "b"), ("h", "c")], repeats) == pytest.approx(np.mean(expected))
+    # measured once, it still has a floor: the full single-measurement noise of its neighbours
+    assert protocol.noise_floor([("h", "c")], repeats) == pytest.approx(expected[2])
+    # another hardware's repeats say nothing about this one's noise
+    assert protocol.noise_floor([("other", "c")], {("other", "c"): [10.0], **repeats}) is None
 
 
 def test_size_split_trains_on_the_smaller_half_and_tests_at_4x_its_largest(synthetic_dir):

@@ -1,0 +1,83 @@
+"""The label noise floor: the error a perfect predictor of a configuration's true mean step time would show
+against its label, which averages n noisy measurements.
+
+For one configuration with relative standard deviation sigma per measurement, that error is
+sqrt(2/pi) x sigma / sqrt(n) (Gaussian noise). Most configurations are measured once, so their own sigma is
+unknown: it is pooled from the configurations of the same hardware measured more than once whose step time
+is nearest (``NEIGHBOURS`` of them, by log step time). Noise depends on the step's length, not on who
+measured it: a step of a few milliseconds is host-bound and varies with the host (5-10 % on the H200's
+VM), a step of seconds repeats to 0.2 %. A floor from the repeated configurations alone, with their own
+n >= 2, would leave out the noisier labels measured once (on the H200's 2,960 configurations it said
+3.1 % where the labels carry 5 %).
+
+Each repeated configuration's sigma is estimated as s / c4(n) / mean (``relative_sd``), unbiased for a
+Gaussian, and the neighbours' estimates are averaged, not their squares: a few configurations measured
+2x apart (a host that was briefly slow) then count as the noise they are without setting the floor alone.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+import numpy as np
+
+NEIGHBOURS = 30
+"""Repeated configurations (nearest in log step time, same hardware) a configuration's noise is pooled from."""
+
+
+def c4(n: int) -> float:
+    """E[s] / sigma for n Gaussian samples: the bias of the sample standard deviation."""
+    return math.sqrt(2.0 / (n - 1)) * math.exp(math.lgamma(n / 2.0) - math.lgamma((n - 1) / 2.0))
+
+
+def relative_sd(values) -> float | None:
+    """sigma / mean of one configuration's repeated measurements (None below two, or a mean <= 0)."""
+    v = np.asarray(values, dtype=float)
+    if len(v) < 2 or v.mean() <= 0:
+        return None
+    return float(v.std(ddof=1) / c4(len(v)) / v.mean())
+
+
+class NoiseFloor:
+    """Pooled per-measurement noise of each hardware's repeated configurations, by step time.
+
+    ``repeats`` maps a key (``protocol.repeat_key``: (hardware name, configuration key)) to that
+    configuration's step-time measurements (ms), every configuration included, measured once or more."""
+
+    def __init__(self, repeats: dict, neighbours: int = NEIGHBOURS):
+        self.repeats = repeats
+        self.neighbours = neighbours
+        pooled: dict = defaultdict(list)
+        for key, values in repeats.items():
+            sd = relative_sd(values)
+            if sd is not None:
+                pooled[_hardware(key)].append((math.log(float(np.mean(values))), sd))
+        self.pooled = {hw: (np.array([p[0] for p in rows]), np.array([p[1] for p in rows]))
+                       for hw, rows in pooled.items()}
+
+    def sigma(self, key) -> float | None:
+        """The per-measurement relative sd of this configuration's labels: the mean estimate of the
+        ``neighbours`` repeated configurations of its hardware nearest to it in log step time (None where
+        its hardware has none, or the key has no measurement)."""
+        values = self.repeats.get(key)
+        pooled = self.pooled.get(_hardware(key))
+        if not values or pooled is None or np.mean(values) <= 0:
+            return None
+        log_ms, sds = pooled
+        nearest = np.argsort(np.abs(log_ms - math.log(float(np.mean(values)))), kind="stable")[:self.neighbours]
+        return float(sds[nearest].mean())
+
+    def floor(self, keys) -> float | None:
+        """The label noise floor (%) of these configurations: mean of sqrt(2/pi) x sigma / sqrt(n)."""
+        floors = []
+        for k in keys:
+            sd = self.sigma(k)
+            if sd is not None:
+                floors.append(math.sqrt(2.0 / math.pi) * sd / math.sqrt(len(self.repeats[k])) * 100.0)
+        return float(np.mean(floors)) if floors else None
+
+
+def _hardware(key):
+    """The hardware part of a repeat key ((hardware, configuration) tuples; a bare key is one hardware)."""
+    return key[0] if isinstance(key, tuple) else None
