@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from gnn_ptp import records
+from gnn_ptp import host_probe, records
 from gnn_ptp.errors import UserError
 from gnn_ptp.grid import load_grid
 from gnn_ptp.precision import CPU_PRECISIONS, get_precision
@@ -338,6 +338,7 @@ def measure(config: dict, device: torch.device, cfg: CollectConfig, ddp: dict | 
             # long enough that build + warm-up stay under overhead_target of the wall time
             want_s = max(cfg.min_time_s, overhead_s * (1 - cfg.overhead_target) / cfg.overhead_target)
             want_s = min(want_s, cfg.max_time_s)
+            probe_before = host_probe.issue_us(device)
             timer = _StepTimer(device)
             timed_start = time.perf_counter()
             while True:
@@ -354,6 +355,7 @@ def measure(config: dict, device: torch.device, cfg: CollectConfig, ddp: dict | 
                         break
             durations = timer.durations_ms()
             timed_s = time.perf_counter() - timed_start
+            result["host_probe"] = host_probe.probe_fields(probe_before, host_probe.issue_us(device))
         result["timing"] = timing_summary(durations, cfg.warmup_steps, warm_ms, device)
         result["memory"] = memory_label(device, baseline_rss)
         if ddp and ddp.get("parallel", "ddp") != "ddp" and device.type == "cpu":

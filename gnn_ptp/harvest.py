@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from gnn_ptp import records
+from gnn_ptp import host_probe, records
 from gnn_ptp.collect import (CollectConfig, _is_oom, _label, _Progress, _raise_keyboard_interrupt,
                              _reset_cpu_peak, _StepTimer, failure, make_optimizer, memory_label, plan,
                              timing_summary, training_step)
@@ -208,6 +208,7 @@ def measure_record(workload, config: dict, device: torch.device, cfg: CollectCon
             n = cfg.harvest_steps if not pace_ms else int(cfg.harvest_time_s * 1e3 / max(pace_ms, 1e-6))
             n = max(cfg.harvest_min_steps, min(cfg.harvest_steps, n))
             scale_before = scaler.get_scale() if scaler else None
+            probe_before = host_probe.issue_us(device)
             timer = _StepTimer(device)
             losses.clear()
             timed_start = time.perf_counter()
@@ -217,6 +218,7 @@ def measure_record(workload, config: dict, device: torch.device, cfg: CollectCon
                 timer.steps.append(marks)
             durations = timer.durations_ms()  # the one synchronisation
             timed_s = time.perf_counter() - timed_start
+            result["host_probe"] = host_probe.probe_fields(probe_before, host_probe.issue_us(device))
             scale_after = scaler.get_scale() if scaler else None
             finite = bool(torch.isfinite(torch.stack([x.float() for x in losses])).all()) if losses else True
             profile_s = 0.0

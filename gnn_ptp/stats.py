@@ -35,6 +35,7 @@ def dataset_stats(path, min_step_ms: float = 10.0, strict: bool = False) -> dict
     by = {name: Counter() for name in ("hardware", "family", "precision", "status", "world_size")}
     noises, long_noises = [], []
     groups: dict[str, list[float]] = defaultdict(list)
+    by_kind: dict[tuple, list[float]] = defaultdict(list)  # (hardware, key): step medians, for the floor
     for r in rows:
         by["hardware"][(r.get("env") or {}).get("hardware", "?")] += 1
         by["family"][r.get("family") or "?"] += 1
@@ -47,6 +48,7 @@ def dataset_stats(path, min_step_ms: float = 10.0, strict: bool = False) -> dict
             if r["timing"]["step_ms"]["median"] >= min_step_ms:
                 long_noises.append(n)
             groups[r["key"]].append(r["timing"]["step_ms"]["median"])
+            by_kind[((r.get("env") or {}).get("hardware"), r["key"])].append(r["timing"]["step_ms"]["median"])
 
     def dist(values):
         if not values:
@@ -55,6 +57,9 @@ def dataset_stats(path, min_step_ms: float = 10.0, strict: bool = False) -> dict
                 "max": max(values), "share_le_2pct": sum(v <= 0.02 for v in values) / len(values)}
 
     repeats = [abs(v[1] - v[0]) / ((v[1] + v[0]) / 2) for v in groups.values() if len(v) >= 2]
+    from gnn_ptp.noise import NoiseFloor
+
+    floor = NoiseFloor(dict(by_kind)).floor(list(by_kind))
     return {
         "records": len(rows),
         "by_hardware": dict(by["hardware"]), "by_family": dict(sorted(by["family"].items())),
@@ -62,8 +67,23 @@ def dataset_stats(path, min_step_ms: float = 10.0, strict: bool = False) -> dict
         "by_world_size": {str(k): v for k, v in sorted(by["world_size"].items())},
         "noise": dist(noises), f"noise_steps_ge_{min_step_ms:g}ms": dist(long_noises),
         "repeat_difference": dist(repeats),
+        "label_noise_floor": floor,
+        "host_probe": host_probe_stats(rows),
         "collection": collection_stats(rows),
     }
+
+
+def host_probe_stats(rows: list[dict]) -> dict:
+    """The host's issue cost around the timed steps (``host_probe.py``; records from 2026-11-25 on): its
+    spread over the records, and how many saw it change by more than 1.5x during their own timed steps."""
+    probes = [r["host_probe"] for r in rows if r.get("status") == "ok" and r.get("host_probe")]
+    if not probes:
+        return {"n": 0}
+    before = [p["issue_us_before"] for p in probes]
+    changed = sum(max(p["issue_us_before"], p["issue_us_after"]) > 1.5 * min(p["issue_us_before"], p["issue_us_after"])
+                  for p in probes)
+    return {"n": len(probes), "median_us": statistics.median(before), "p10_us": _quantile(before, 0.1),
+            "p90_us": _quantile(before, 0.9), "changed_during_record": changed}
 
 
 def collection_stats(rows: list[dict]) -> dict:
@@ -110,6 +130,14 @@ def format_stats(s: dict) -> str:
         else:
             lines.append(f"{title}: n {d['n']}, median {d['median']:.2%}, p90 {d['p90']:.2%}, "
                          f"max {d['max']:.2%}, <= 2%: {d['share_le_2pct']:.0%}")
+    if s.get("label_noise_floor") is not None:
+        lines.append(f"label noise floor (noise.py: pooled by step time, every configuration): "
+                     f"{s['label_noise_floor']:.1f}%")
+    h = s.get("host_probe") or {"n": 0}
+    if h["n"]:
+        lines.append(f"host issue cost (host_probe.py): n {h['n']}, median {h['median_us']:.2f} us per op, "
+                     f"p10-p90 {h['p10_us']:.2f}-{h['p90_us']:.2f} us; changed > 1.5x during a record: "
+                     f"{h['changed_during_record']}")
     c = s.get("collection") or {}
     for mode in ("harvest", "classic"):
         if mode in c:

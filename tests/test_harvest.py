@@ -94,6 +94,8 @@ def test_harvest_builds_one_model_per_shape_and_sweeps_the_classes(grid, out, mo
         assert c["overhead_s"] == pytest.approx(c["wall_s"] - c["timed_s"] - c["profile_s"], abs=1e-3)
         assert r["params"] > 0 and r["env"]["hardware"] == "cpu"
         assert r["profile"]["file"].startswith("profiles/tiny-") and r["profile"]["events"] > 0
+        probe = r["host_probe"]  # the host's issue cost around the timed steps (gnn_ptp/host_probe.py)
+        assert 0 < probe["issue_us_before"] < 1e4 and 0 < probe["issue_us_after"] < 1e4 and probe["op"] == "add_"
     from gnn_ptp.memory import CPU_LABEL_KIND, check_records
 
     assert all(r["memory"]["kind"] == CPU_LABEL_KIND and r["memory"]["peak_bytes"] > 0 for r in rows)

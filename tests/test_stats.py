@@ -79,6 +79,32 @@ def test_repeat_difference(synthetic_dir):
     assert rep["median"] == pytest.approx(2.0 / 21.0)  # |22 - 20| / mean(20, 22)
 
 
+def test_label_noise_floor_counts_the_configurations_measured_once(synthetic_dir):
+    """k1 (cpu) measured at 20 and 22 ms: its noise is pooled to k5, measured once on the same hardware;
+    k2 on the h100 has no repeated neighbour and no floor."""
+    import math
+
+    from gnn_ptp.noise import c4
+
+    sigma = (22.0 - 20.0) / math.sqrt(2) / c4(2) / 21.0
+    expected = math.sqrt(2 / math.pi) * sigma * 100 * (1 / math.sqrt(2) + 1) / 2
+    assert dataset_stats(synthetic_dir)["label_noise_floor"] == pytest.approx(expected)
+    assert "label noise floor" in format_stats(dataset_stats(synthetic_dir))
+
+
+def test_host_probe_spread_and_changes(tmp_path):
+    folder = tmp_path / "probed-cpu"
+    for i, (before, after) in enumerate([(2.0, 2.1), (2.2, 2.0), (2.0, 5.0), (4.0, 4.2)]):
+        r = synthetic_record(f"p{i}")
+        r["host_probe"] = {"issue_us_before": before, "issue_us_after": after}
+        records.append_record(r, folder, "a.jsonl")
+    records.append_record(synthetic_record("old"), folder, "a.jsonl")  # collected before the probe existed
+    h = dataset_stats(folder)["host_probe"]
+    assert h["n"] == 4 and h["median_us"] == pytest.approx(2.1) and h["changed_during_record"] == 1
+    assert "host issue cost" in format_stats(dataset_stats(folder))
+    assert dataset_stats(folder / "a.jsonl")["host_probe"]["n"] == 4
+
+
 def test_single_file_and_empty_distributions(tmp_path):
     path = tmp_path / "only-failures.jsonl"
     records.append_record(synthetic_record("k", status="oom"), tmp_path, path.name)
