@@ -241,8 +241,9 @@ def for_env(env: dict, folder: Path | None = None) -> Descriptor:
 
 
 def attach(samples: list, descriptors: list[Descriptor]) -> None:
-    """Give every sample its hardware's features (``hw`` [1, D]) and the prior's per-node log ms under
-    that hardware (``prior_log_ms`` [N]): what ``hardware_descriptor`` and ``log_ratio_prior`` read."""
+    """Give every sample its hardware's features (``hw`` [1, D]) and the prior's view of it under that
+    hardware (``prior.price``: ``prior_log_ms``, ``prior_device_log_ms``, ``host_s``): what
+    ``hardware_descriptor`` and ``log_ratio_prior`` read."""
     from gnn_ptp import prior
 
     profiles: dict[str, object] = {}
@@ -250,8 +251,7 @@ def attach(samples: list, descriptors: list[Descriptor]) -> None:
         if d.name not in profiles:
             profiles[d.name] = d.profile()
         s.hw = d.features()
-        s.prior_log_ms = prior.log_node_ms({"x": s.x, "x_cat": s.x_cat, "phase": s.phase,
-                                            "grad_bytes": getattr(s, "grad_bytes", None)}, profiles[d.name])
+        prior.price(s, profiles[d.name])
         s.hardware_name = d.name
         _by_name[d.name] = d
 

@@ -26,9 +26,12 @@ from gnn_ptp.graph import GRAPH_FEATURES, NODE_FEATURES
 
 LAYERS = ("gine", "gatv2", "transformer")
 NORMS = ("layer", "batch", "graph", "none")
-READOUTS = ("node_sum", "pool")
+READOUTS = ("node_sum", "pool", "queue")
 TARGETS = ("log_ms", "log_ratio_prior")
 N_PHASES = 3
+TRUST_FADE = math.log(2.0)
+"""Width (log ms) over which ``trust_region`` fades a node's correction: half at the longest training
+kernel, a quarter at 2x its prior time... (a sigmoid)."""
 
 
 @dataclass(frozen=True)
@@ -42,7 +45,10 @@ class ModelConfig:
     norm: str = "layer"
     """Normalisation after each layer: layer, batch, graph or none."""
     readout: str = "node_sum"
-    """node_sum (per-node times summed per phase) or pool (pooled embedding -> phase times)."""
+    """node_sum (per-node times summed per phase), pool (pooled embedding -> phase times) or queue (with
+    target log_ratio_prior: per-node corrections of each kernel's device time, composed into phase times
+    by the prior's launch queue with the host's costs, ``prior.phase_seconds``, and a bounded per-phase
+    factor on those host costs from the pooled embedding)."""
     dropout: float = 0.0
     heads: int = 4
     """Attention heads (gatv2, transformer)."""
@@ -56,6 +62,11 @@ class ModelConfig:
     (pool); "log_ratio_prior", the log-ratio of that time to the physical prior's estimate on the sample's
     hardware (gnn_ptp/prior.py priced with the hardware's descriptor, gnn_ptp/descriptor.py): the GNN learns
     a correction to a roofline that already scales with the hardware's rates and the step's size."""
+    trust_region: bool = False
+    """With target log_ratio_prior (readout node_sum or queue): fade each node's correction to nothing for
+    kernels longer than any the model was trained on (the prior's device time beyond the training nodes'
+    longest, ``trust_log_ms``, by a sigmoid of width ``TRUST_FADE``), so that a step larger than every
+    training step is priced by the prior where the GNN has no data. Declared before it was scored."""
     hardware_descriptor: bool = False
     """Feed the hardware's descriptor (peak GEMM rate per dtype, vector rate, bandwidth, launch floor, GPU
     flag; gnn_ptp/descriptor.py) to the model, added to the graph-level embedding every node sees, so one
@@ -80,6 +91,12 @@ class ModelConfig:
             if self.prior_feature not in HARDWARE:
                 raise UserError(f"model prior_feature {self.prior_feature!r} is not one of "
                                 f"{', '.join(HARDWARE)} (or \"\" for off)")
+        if self.trust_region and (self.target != "log_ratio_prior" or self.readout == "pool"):
+            raise UserError("model trust_region fades per-node corrections to the prior: it needs target "
+                            "\"log_ratio_prior\" and readout \"node_sum\" or \"queue\"")
+        if self.readout == "queue" and self.target != "log_ratio_prior":
+            raise UserError(f"model readout \"queue\" corrects the prior's kernel times: it needs target "
+                            f"\"log_ratio_prior\", not {self.target!r}")
         if self.layer in ("gatv2", "transformer") and self.hidden % self.heads:
             raise UserError(f"hidden {self.hidden} must be divisible by heads {self.heads}")
 
@@ -147,8 +164,14 @@ class StepTimeGNN(nn.Module):
         self.node_time = nn.Sequential(nn.Linear(2 * h, h), nn.GELU(), nn.Linear(h, 1))
         self.pool_time = nn.Sequential(nn.Linear(3 * h, h), nn.GELU(), nn.Linear(h, N_PHASES))
         self.memory = nn.Sequential(nn.Linear(3 * h, h), nn.GELU(), nn.Linear(h, 1))
+        if cfg.readout == "queue":  # log-factor on each phase's host costs, starting at 1
+            self.host_scale = nn.Sequential(nn.Linear(3 * h, h), nn.GELU(), nn.Linear(h, N_PHASES))
+            nn.init.zeros_(self.host_scale[-1].weight)
+            nn.init.zeros_(self.host_scale[-1].bias)
         self.register_buffer("time_offset", torch.zeros(()))
         self.register_buffer("memory_offset", torch.zeros(()))
+        if cfg.trust_region:
+            self.register_buffer("trust_log_ms", torch.tensor(math.inf))
 
     def set_offsets(self, log_time: float, log_nodes: float, log_memory: float) -> None:
         """Start predictions near the data: per-node log-times sum to the mean phase time."""
@@ -195,9 +218,14 @@ class StepTimeGNN(nn.Module):
             return self.descriptor.features().expand(int(data.u.shape[0]), -1)
         from gnn_ptp import prior
 
+        profile = self.descriptor.profile()
+        if name == "host_s":
+            return prior.host_vector(profile).float().expand(int(data.u.shape[0]), -1)
+        if name == "prior_device_log_ms":
+            return torch.log(prior.node_seconds(data.x, data.x_cat, profile) * 1e3).to(data.x)
         return prior.log_node_ms({"x": data.x, "x_cat": data.x_cat, "phase": data.phase,
                                   "grad_bytes": getattr(data, "grad_bytes", None),
-                                  "batch": getattr(data, "batch", None)}, self.descriptor.profile()).to(data.x)
+                                  "batch": getattr(data, "batch", None)}, profile).to(data.x)
 
     def forward(self, data) -> dict[str, torch.Tensor]:
         """Returns ``log_phase_ms`` [G, 3] (forward, backward, optimizer), ``log_memory`` [G] and, for
@@ -209,9 +237,18 @@ class StepTimeGNN(nn.Module):
         pooled = torch.cat([global_mean_pool(h, data.batch, n_graphs), global_max_pool(h, data.batch, n_graphs),
                             g], dim=-1)
         out = {"log_memory": self.memory(pooled).squeeze(-1) + self.memory_offset}
+        if self.cfg.readout == "queue":
+            device = self._hardware(data, "prior_device_log_ms")
+            log_node = self._trusted(self.node_time(torch.cat([h, g[data.batch]], dim=-1)).squeeze(-1)
+                                     + self.time_offset, device) + device
+            out["log_node_ms"] = log_node
+            out["log_phase_ms"] = self._queued(data, log_node, torch.exp(torch.tanh(self.host_scale(pooled))))
+            return out
         if self.cfg.readout == "node_sum":
             log_node = self.node_time(torch.cat([h, g[data.batch]], dim=-1)).squeeze(-1) + self.time_offset
             if self.cfg.target == "log_ratio_prior":
+                if self.cfg.trust_region:
+                    log_node = self._trusted(log_node, self._hardware(data, "prior_device_log_ms"))
                 log_node = log_node + self._hardware(data, "prior_log_ms")
             group = data.batch * N_PHASES + data.phase
             phase = scatter_logsumexp(log_node, group, n_graphs * N_PHASES).view(n_graphs, N_PHASES)
@@ -225,6 +262,31 @@ class StepTimeGNN(nn.Module):
                 phase = phase + torch.where(torch.isfinite(prior_phase), prior_phase, torch.zeros_like(prior_phase))
         out["log_phase_ms"] = phase
         return out
+
+
+    def _trusted(self, correction: torch.Tensor, prior_device_log_ms: torch.Tensor) -> torch.Tensor:
+        """``correction`` (per-node log-ratio to the prior) faded beyond the longest training kernel
+        (``trust_region``); unchanged without it."""
+        if not self.cfg.trust_region:
+            return correction
+        return correction * torch.sigmoid((self.trust_log_ms - prior_device_log_ms) / TRUST_FADE)
+
+    def _queued(self, data, log_node_ms: torch.Tensor, host_scale: torch.Tensor) -> torch.Tensor:
+        """[G, 3] log phase ms: each graph's corrected kernel times through the prior's launch queue
+        (``prior.phase_seconds``), its host costs scaled by ``host_scale`` [G, 3]."""
+        from gnn_ptp import prior
+
+        host = self._hardware(data, "host_s")
+        seconds = torch.exp(log_node_ms.double()) * 1e-3
+        batch = data.batch if getattr(data, "batch", None) is not None else torch.zeros_like(data.phase)
+        grad_bytes = getattr(data, "grad_bytes", None)
+        phases = []
+        for g in range(int(host.shape[0])):
+            on = batch == g
+            phases.append(prior.phase_seconds(
+                seconds[on], data.phase[on], host[g].double(),
+                prior.param_tensors(grad_bytes[on] if grad_bytes is not None else None), host_scale[g].double()))
+        return torch.log(torch.stack(phases) * 1e3).to(log_node_ms.dtype)
 
 
 def log_total(log_phase_ms: torch.Tensor) -> torch.Tensor:

@@ -371,6 +371,79 @@ def graph_phase_ms(seconds: torch.Tensor, phase: torch.Tensor, profile: Profile,
     return torch.tensor(out, dtype=torch.float64)
 
 
+HOST_FIELDS = 7
+"""``host_vector``'s width: host issue seconds per phase (3), fixed host seconds per phase (3), serial flag."""
+
+
+def host_vector(profile: Profile) -> torch.Tensor:
+    """A profile's host costs as one row [1, HOST_FIELDS] (float64), for a batch of graphs to carry: what
+    ``phase_seconds`` needs beside the per-node device times."""
+    issue = profile.host_issue_s or (0.0, 0.0, 0.0)
+    fixed = profile.host_fixed_s or (0.0, 0.0, 0.0)
+    return torch.tensor([[*issue, *fixed, 1.0 if profile.serial else 0.0]], dtype=torch.float64)
+
+
+def _queue_s(device_s: torch.Tensor, host_s: torch.Tensor) -> torch.Tensor:
+    """``queue_ms`` in seconds, in torch ops (differentiable in both arguments)."""
+    after = torch.flip(torch.cumsum(torch.flip(device_s, [0]), 0), [0])
+    k = torch.arange(1, device_s.numel() + 1, dtype=device_s.dtype, device=device_s.device)
+    return (host_s * k + after).max()
+
+
+def phase_seconds(device_s: torch.Tensor, phase: torch.Tensor, host: torch.Tensor, tensors: int = 0,
+                  host_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """``graph_phase_ms`` / 1e3 of one graph in torch ops, differentiable in the per-node device seconds
+    (``device_s`` [N], graph order) and in ``host_scale`` [3] (a factor on each phase's host costs, issue
+    and fixed): what a GNN that corrects the kernels' device times (``model.py``, readout ``queue``) reads
+    its phase times through. ``host``: ``host_vector``'s row [HOST_FIELDS]; ``tensors``: the step's
+    parameter tensors (``optimizer_issues``). Same launch queue, lag carried across phases and steps, or
+    the serial sum on a CPU; [forward, backward, optimizer] seconds."""
+    host = host.to(device_s)
+    issue, fixed = host[0:3], host[3:6]
+    if host_scale is not None:
+        issue, fixed = issue * host_scale.to(device_s), fixed * host_scale.to(device_s)
+    zero = device_s.new_zeros(())
+    devices = []
+    for p in range(3):
+        device = device_s[phase == p]
+        if p == 2 and tensors > device.numel():  # optimizer_issues: one issue per parameter tensor
+            device = (device.sum() / tensors).expand(tensors)
+        devices.append(device)
+    if not bool((host[0:3] > 0).any()):
+        return torch.stack([d.sum() if d.numel() else zero for d in devices])
+    if bool(host[6] > 0.5):  # serial: fixed + issues x host + kernels
+        return torch.stack([fixed[p] + d.numel() * issue[p] + d.sum() if d.numel() else zero
+                            for p, d in enumerate(devices)])
+    lag = zero
+    for _ in range(STEADY_PASSES):
+        out = []
+        for p, d in enumerate(devices):
+            if not d.numel():
+                out.append(zero)
+                continue
+            t = torch.maximum(d.sum(), fixed[p] + _queue_s(d, issue[p]) - lag)
+            lag = lag + t - (fixed[p] + d.numel() * issue[p])
+            out.append(t)
+    return torch.stack(out)
+
+
+def price(sample, profile: Profile) -> None:
+    """Give a graph sample the prior's view of it under ``profile``: ``prior_log_ms`` [N] (each node's share
+    of the launch queue, ``log_node_ms``), ``prior_device_log_ms`` [N] (each kernel's device time alone, log
+    ms) and ``host_s`` [1, HOST_FIELDS] (``host_vector``): what a residual GNN reads (``model.py``)."""
+    tensors = {"x": sample.x, "x_cat": sample.x_cat, "phase": sample.phase,
+               "grad_bytes": getattr(sample, "grad_bytes", None)}
+    device = node_seconds(sample.x, sample.x_cat, profile)
+    sample.prior_log_ms = log_node_ms(tensors, profile)
+    sample.prior_device_log_ms = torch.log(device * 1e3).float()
+    sample.host_s = host_vector(profile).float()
+
+
+def param_tensors(grad_bytes: torch.Tensor | None) -> int:
+    """The parameter tensors of a step (nodes that finalise a gradient): ``optimizer_issues``' count."""
+    return int((grad_bytes > 0).sum()) if grad_bytes is not None else 0
+
+
 def phase_ms(tensors, profile: Profile) -> np.ndarray:
     """Prior ms of [forward, backward, optimizer, whole step] of one graph (a ``Data`` or a dict of its
     tensors with ``x``, ``x_cat``, ``phase`` and, for the launch queue, ``grad_bytes``)."""

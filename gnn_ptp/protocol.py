@@ -98,10 +98,12 @@ class Budget:
 # --- data -------------------------------------------------------------------------------------------------
 
 
-def load(data_dirs, precision_aware: bool = True, log=None, strict: bool = False):
+def load(data_dirs, precision_aware: bool = True, log=None, strict: bool = False, node_labels: bool = False):
     """Samples of every folder with their hardware attached (``descriptor.attach``), the measured
     configurations, and each configuration's repeated step-time medians on its hardware (for the noise
-    floor), keyed by (hardware name, configuration key): ``repeat_key(sample)``."""
+    floor), keyed by (hardware name, configuration key): ``repeat_key(sample)``. With ``node_labels`` (a
+    config with node_weight) the profiled configurations get their node labels (``node_labels.attach``),
+    as ``train`` gives them: the protocol trains what ``train`` would ship."""
     from gnn_ptp import descriptor
     from gnn_ptp.records import iter_records, measurement_problem
 
@@ -110,6 +112,12 @@ def load(data_dirs, precision_aware: bool = True, log=None, strict: bool = False
         m = dataset.measured_configs(data_dir, strict=strict)
         s = dataset.make_samples(m, dataset.load_graphs(data_dir, m, precision_aware, log=log))
         descriptor.attach_measured(s, m)
+        if node_labels and precision_aware:  # as ``train`` does for a config with node_weight
+            from gnn_ptp import node_labels as labels
+
+            n = labels.attach(s, labels.load(data_dir, m, log=log))
+            if n:
+                (log or print)(f"{data_dir}: node labels for {n} of {len(s)} configurations (node_weight)")
         names = sorted({x.hardware_name for x in s})
         if len(names) > 1:
             raise UserError(f"{data_dir} mixes hardware {names}; keep one folder per hardware kind")
@@ -222,8 +230,7 @@ class PriorRefit:
         from gnn_ptp import prior
 
         for s in (x for part in parts.values() for x in part if x.hardware_name == name):
-            s.prior_log_ms = prior.log_node_ms({"x": s.x, "x_cat": s.x_cat, "phase": s.phase,
-                                                "grad_bytes": getattr(s, "grad_bytes", None)}, profile)
+            prior.price(s, profile)
 
 
 FALLBACK_SECTION = {"cpu": "microbench-cpu", "gpu": "h100-neusight"}
@@ -409,7 +416,8 @@ def run(protocol: str, data_dirs, config=None, budget: Budget = Budget(), log=No
     data_dirs = [data_dirs] if isinstance(data_dirs, (str, Path)) else list(data_dirs)
     if protocol == "hardware" and loaded is None:
         _check_kinds(data_dirs, strict)  # from the records alone, before any graph is traced
-    measured, samples, repeats = loaded or load(data_dirs, base.model.precision_aware, log, strict)
+    measured, samples, repeats = loaded or load(data_dirs, base.model.precision_aware, log, strict,
+                                                node_labels=bool(base.node_weight))
     refit = prior_refit(data_dirs, log, strict) if budget.refit_prior else None
     rng = np.random.default_rng(0)
     start = time.perf_counter()

@@ -110,6 +110,12 @@ def _rdb_storage(optuna, url: str, attempts: int = 5):
             time.sleep(0.5 * (attempt + 1))
 
 
+def readouts_for(target: str) -> tuple[str, ...]:
+    """The readouts a sweep may draw for a model target: ``queue`` corrects the prior's kernels, so only a
+    residual over the prior (``log_ratio_prior``) can use it."""
+    return READOUTS if target == "log_ratio_prior" else tuple(r for r in READOUTS if r != "queue")
+
+
 def suggest_config(trial, base: TrainConfig, epochs: int | None) -> TrainConfig:
     """The trial's point of the search space, on top of the base config (split, seed, memory weight...)."""
     layer = trial.suggest_categorical("layer", LAYERS)
@@ -118,7 +124,7 @@ def suggest_config(trial, base: TrainConfig, epochs: int | None) -> TrainConfig:
         hidden=trial.suggest_categorical("hidden", HIDDEN),
         depth=trial.suggest_int("depth", 1, 6),
         norm=trial.suggest_categorical("norm", NORMS),
-        readout=trial.suggest_categorical("readout", READOUTS),
+        readout=trial.suggest_categorical("readout", readouts_for(base.model.target)),
         dropout=trial.suggest_float("dropout", 0.0, 0.3),
         heads=trial.suggest_categorical("heads", HEADS) if layer != "gine" else base.model.heads)
     return dataclasses.replace(

@@ -69,8 +69,9 @@ class TrainConfig:
                 value = getattr(self, name, None) if "+" not in name else self.test_fraction + self.val_fraction
                 raise UserError(f"training config: {name} = {value!r} is out of range")
         if self.node_weight and self.model.readout != "node_sum":
-            raise UserError(f"training config: node_weight = {self.node_weight!r} needs per-node times: "
-                            f"[model] readout = \"node_sum\", not {self.model.readout!r}")
+            raise UserError(f"training config: node_weight = {self.node_weight!r} needs per-node shares of the "
+                            f"phase times: [model] readout = \"node_sum\", not {self.model.readout!r} (a queue "
+                            "readout's node times are device times, which the node labels are not)")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -228,7 +229,11 @@ def train(cfg: TrainConfig, data_dir: str | Path, out: str | Path | None, logger
         from gnn_ptp import descriptor
 
         model.descriptor = descriptor.of_samples(parts["train"])
-        if cfg.model.target == "log_ratio_prior":  # start at the prior times the data's mean ratio to it
+        if cfg.model.trust_region:  # the longest kernel the training steps hold, by the prior's device time
+            model.trust_log_ms.fill_(float(max(s.prior_device_log_ms.max() for s in parts["train"])))
+        if cfg.model.readout == "queue":  # start at the prior's own kernel times and host costs
+            model.time_offset.fill_(0.0)
+        elif cfg.model.target == "log_ratio_prior":  # start at the prior times the data's mean ratio to it
             model.time_offset.fill_(descriptor.mean_log_ratio(parts["train"]))
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=cfg.epochs, eta_min=cfg.lr * 0.05)

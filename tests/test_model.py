@@ -183,4 +183,119 @@ def test_model_config_rejects_bad_values(kwargs, match):
 def test_model_config_heads_only_matter_for_attention_layers():
     assert ModelConfig(layer="gine", hidden=30, heads=4).hidden == 30
     assert ModelConfig(layer="gatv2", hidden=32, heads=4).to_dict()["heads"] == 4
-    assert set(READOUTS) == {"node_sum", "pool"}
+    assert set(READOUTS) == {"node_sum", "pool", "queue"}
+
+
+# --- the queue readout ----------------------------------------------------------------------------------
+
+
+def _priced_batch(keys, hardware="h100"):
+    """Synthetic graphs priced by the shipped prior of ``hardware`` (``prior.price``), batched."""
+    from torch_geometric.data import Batch
+
+    from gnn_ptp import descriptor
+
+    _, datas = _batch(keys)
+    descriptor.attach(datas, [descriptor.GPU_DESCRIPTORS[hardware]] * len(datas))
+    return Batch.from_data_list(datas), datas
+
+
+def _queue_model(**kw):
+    from gnn_ptp import descriptor
+
+    model = StepTimeGNN(ModelConfig(hidden=16, depth=2, readout="queue", target="log_ratio_prior",
+                                    hardware_descriptor=True, **kw))
+    model.descriptor = descriptor.GPU_DESCRIPTORS["h100"]
+    return model
+
+
+def test_queue_readout_starts_at_the_priors_step_model_and_corrects_kernels_not_shares():
+    """With a zero correction the queue readout gives the prior's own phase times (launch queue, host
+    costs, lag); its per-node times are the kernels' device times; a correction of one phase's kernels
+    moves a GPU-bound phase by that factor."""
+    from gnn_ptp import prior
+
+    torch.manual_seed(0)
+    batch, datas = _priced_batch(("a1", "b2", "c3"))
+    model = _queue_model().eval()
+    with torch.no_grad():
+        model.node_time[-1].weight.zero_()
+        model.node_time[-1].bias.zero_()
+        out = model(batch)
+    profile = prior.get_profile("h100")
+    for g, d in enumerate(datas):
+        want = prior.phase_ms(d, profile)[:3]
+        assert out["log_phase_ms"][g].double().exp().tolist() == pytest.approx(want.tolist(), rel=1e-5)
+    device_ms = torch.cat([prior.node_seconds(d.x, d.x_cat, profile) * 1e3 for d in datas])
+    assert out["log_node_ms"].double().exp().tolist() == pytest.approx(device_ms.tolist(), rel=1e-5)
+    # the same graphs' kernels 100x longer (GPU-bound): doubling them doubles the phases
+    with torch.no_grad():
+        model.node_time[-1].bias.fill_(math.log(100.0))
+        slow = model(batch)["log_phase_ms"]
+        model.node_time[-1].bias.fill_(math.log(200.0))
+        slower = model(batch)["log_phase_ms"]
+    assert (slower - slow).exp().flatten().tolist() == pytest.approx([2.0] * 9, rel=1e-3)
+
+
+def test_queue_readout_trains_the_kernel_head_and_the_host_factor_and_keeps_graphs_apart():
+    torch.manual_seed(0)
+    batch, _ = _priced_batch(("a1", "b2"))
+    model = _queue_model()
+    out = model(batch)
+    assert out["log_phase_ms"].shape == (2, 3) and torch.isfinite(out["log_phase_ms"]).all()
+    out["log_phase_ms"].sum().backward()
+    assert model.node_time[0].weight.grad.abs().sum() > 0
+    assert model.host_scale[-1].weight.grad.abs().sum() > 0  # synthetic kernels are tiny: host-bound
+    model.eval()
+    with torch.no_grad():
+        alone = model(_priced_batch(("a1",))[0])["log_phase_ms"][0]
+        together = model(_priced_batch(("c3", "a1"))[0])["log_phase_ms"][1]
+    torch.testing.assert_close(alone, together, rtol=1e-5, atol=1e-5)
+    # graphs that carry no prior are priced from the model's own descriptor, as predict does
+    plain, _ = _batch(("a1",))
+    with torch.no_grad():
+        torch.testing.assert_close(model(plain)["log_phase_ms"][0], alone, rtol=1e-5, atol=1e-5)
+
+
+def test_queue_readout_needs_the_residual_target():
+    with pytest.raises(UserError, match="log_ratio_prior"):
+        ModelConfig(readout="queue")
+
+
+@pytest.mark.parametrize("readout", ["node_sum", "queue"])
+def test_trust_region_fades_corrections_beyond_the_longest_training_kernel(readout):
+    """A kernel far longer than any the model trained on gets the prior's time (its correction faded to
+    nothing); one far shorter keeps the full correction; the fade is half at the boundary."""
+    from gnn_ptp import descriptor
+
+    torch.manual_seed(0)
+    batch, _ = _priced_batch(("a1", "b2"))
+    cfg = dict(hidden=16, depth=1, readout=readout, target="log_ratio_prior", hardware_descriptor=True)
+    plain = StepTimeGNN(ModelConfig(**cfg)).eval()
+    trusted = StepTimeGNN(ModelConfig(**cfg, trust_region=True)).eval()
+    trusted.load_state_dict({**plain.state_dict(), "trust_log_ms": torch.tensor(0.0)})
+    for m in (plain, trusted):
+        m.descriptor = descriptor.GPU_DESCRIPTORS["h100"]
+    device = batch.prior_device_log_ms
+    base = batch.prior_log_ms if readout == "node_sum" else device
+    with torch.no_grad():
+        full = plain(batch)["log_node_ms"] - base
+
+        def ratio(trust: float) -> torch.Tensor:
+            trusted.trust_log_ms.fill_(trust)
+            return (trusted(batch)["log_node_ms"] - base) / full
+
+        assert (ratio(float(device.max()) + 20 * math.log(2)) - 1).abs().max() < 1e-4  # all inside: unchanged
+        assert ratio(float(device.min()) - 20 * math.log(2)).abs().max() < 1e-4  # all beyond: the prior's
+        at = ratio(float(device[0]))
+    assert abs(float(at[0]) - 0.5) < 1e-3  # half at the boundary
+    assert ((at > -1e-6) & (at < 1 + 1e-6)).all()
+    longer = device > device[0] + 1e-6
+    assert (at[longer] < 0.5).all() and (at[device < device[0] - 1e-6] > 0.5).all()
+
+
+def test_trust_region_needs_a_per_node_residual():
+    with pytest.raises(UserError, match="trust_region"):
+        ModelConfig(trust_region=True)
+    with pytest.raises(UserError, match="trust_region"):
+        ModelConfig(trust_region=True, target="log_ratio_prior", readout="pool")

@@ -358,3 +358,37 @@ class _Spy(torch.nn.Module):
     def forward(self, x):
         self.seen.append(x.detach())
         return self.inner(x)
+
+
+@pytest.mark.parametrize("host", ["gpu-queue", "cpu-serial", "none"])
+def test_the_differentiable_step_model_is_the_launch_queue(host):
+    """``phase_seconds`` (torch ops, for a GNN that corrects kernel times) gives ``graph_phase_ms``'s phases
+    on random graphs: the queue with lag across phases and steps on a GPU, the serial sum on a CPU, plain
+    sums without host costs; the optimizer issued once per parameter tensor."""
+    profile = {"gpu-queue": dataclasses.replace(H100, host_issue_s=(40e-6, 55e-6, 30e-6),
+                                                host_fixed_s=(200e-6, 400e-6, 300e-6)),
+               "cpu-serial": dataclasses.replace(H100, host_issue_s=(4e-6, 5e-6, 3e-6),
+                                                 host_fixed_s=(20e-6, 40e-6, 30e-6),
+                                                 hardware=dataclasses.replace(H100.hardware, kind="cpu")),
+               "none": dataclasses.replace(H100, host_issue_s=None, host_fixed_s=None)}[host]
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        n = int(torch.randint(3, 60, (1,), generator=gen))
+        phase = torch.sort(torch.randint(0, 3, (n,), generator=gen)).values
+        seconds = torch.exp(torch.randn(n, generator=gen, dtype=torch.float64) * 2) * 20e-6
+        grad_bytes = torch.where(phase == 1, torch.randint(0, 2, (n,), generator=gen) * 1e6, 0.0).double()
+        grad_bytes[: int(torch.randint(0, 40, (1,), generator=gen))] += 1.0  # sometimes more tensors than kernels
+        want = prior.graph_phase_ms(seconds, phase, profile, grad_bytes)
+        got = prior.phase_seconds(seconds, phase, prior.host_vector(profile)[0], prior.param_tensors(grad_bytes)) * 1e3
+        assert got.tolist() == pytest.approx(want.tolist(), rel=1e-12)
+    # a factor on the host costs is a profile with those costs scaled; on tiny (host-bound) kernels it moves
+    # every phase, and its gradient says so
+    seconds = torch.full_like(seconds, 1e-6)
+    scale = torch.tensor([1.5, 0.5, 2.0], dtype=torch.float64, requires_grad=True)
+    scaled = dataclasses.replace(profile, host_issue_s=tuple(v * f for v, f in zip(profile.host_issue_s or (0,) * 3, scale.tolist())),
+                                 host_fixed_s=tuple(v * f for v, f in zip(profile.host_fixed_s or (0,) * 3, scale.tolist())))
+    got = prior.phase_seconds(seconds, phase, prior.host_vector(profile)[0], prior.param_tensors(grad_bytes), scale)
+    assert (got * 1e3).tolist() == pytest.approx(prior.graph_phase_ms(seconds, phase, scaled, grad_bytes).tolist(), rel=1e-12)
+    if host != "none":
+        got.sum().backward()
+        assert (scale.grad[torch.unique(phase)] > 0).all()

@@ -446,3 +446,23 @@ def test_protocol_options_without_protocol_are_one_clear_error(flags, named, cap
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1
     assert f"{named}: only with --protocol lofo|size|hardware" in err
+
+
+def test_a_config_with_node_weight_trains_its_folds_with_node_labels(synthetic_dir, monkeypatch):
+    """The protocol attaches the node labels ``train`` would (a config with node_weight), so it scores what
+    ``train`` ships; synthetic labels (every node its phase's equal share) stand in for profiles."""
+    from gnn_ptp import node_labels
+
+    def fake_load(data_dir, measured, log=None):
+        out = {}
+        for key, g in load_synthetic_graphs(data_dir, measured).items():
+            n = int(g["x"].shape[0])
+            out[key] = {"share": torch.full((n,), 0.1, dtype=torch.float64),
+                        "mask": torch.ones(n, dtype=torch.bool), "matched_ms": 1.0, "total_ms": 1.0}
+        return out
+
+    monkeypatch.setattr(node_labels, "load", fake_load)
+    _, samples, _ = protocol.load([synthetic_dir], node_labels=True, log=lambda _: None)
+    assert samples and all(bool(s.node_mask.any()) for s in samples)
+    _, plain, _ = protocol.load([synthetic_dir], log=lambda _: None)
+    assert not any(hasattr(s, "node_mask") for s in plain)

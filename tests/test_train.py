@@ -200,6 +200,40 @@ def test_a_checkpoint_over_the_prior_notices_a_re_fitted_calibration(synthetic_d
     assert "'cpu' calibration as it was then" in capsys.readouterr().err
 
 
+def test_a_queue_readout_trains_over_the_prior_and_its_checkpoint_predicts_the_same(synthetic_dir, tmp_path):
+    """The queue readout (kernel corrections through the prior's step model) trains, is saved and loaded,
+    and predicts what it predicted before saving; node labels are refused with it (their scale is the
+    phase's, not the kernels')."""
+    from gnn_ptp.train import predict_samples, prepare
+
+    queue = dataclasses.replace(SMALL, model=dataclasses.replace(SMALL.model, target="log_ratio_prior",
+                                                                readout="queue", hardware_descriptor=True))
+    out = tmp_path / "ckpt"
+    result = train(queue, synthetic_dir, out, log=_quiet())
+    assert math.isfinite(result["val_mape"])
+    model, meta = checkpoint.load(out)
+    assert meta["model"]["readout"] == "queue" and hasattr(model, "host_scale")
+    _, samples, _, _ = prepare(synthetic_dir, queue, _quiet())
+    before = predict_samples(result["model"], samples)["pred_ms"]
+    after = predict_samples(model, samples)["pred_ms"]
+    assert np.isfinite(before).all() and after.flatten().tolist() == pytest.approx(before.flatten().tolist(), rel=1e-5)
+    with pytest.raises(UserError, match="node_weight"):
+        dataclasses.replace(queue, node_weight=1.0)
+
+
+def test_trust_region_bounds_corrections_at_the_longest_training_kernel(synthetic_dir, tmp_path):
+    from gnn_ptp.train import prepare
+
+    trusted = dataclasses.replace(SMALL, model=dataclasses.replace(SMALL.model, target="log_ratio_prior",
+                                                                  hardware_descriptor=True, trust_region=True))
+    result = train(trusted, synthetic_dir, tmp_path / "ckpt", log=_quiet())
+    _, _, _, parts = prepare(synthetic_dir, trusted, _quiet())
+    longest = max(float(s.prior_device_log_ms.max()) for s in parts["train"])
+    assert float(result["model"].trust_log_ms) == pytest.approx(longest)
+    model, _ = checkpoint.load(tmp_path / "ckpt")
+    assert float(model.trust_log_ms) == pytest.approx(longest)
+
+
 def test_missing_checkpoint_is_a_user_error(tmp_path):
     with pytest.raises(UserError, match="no checkpoint at"):
         checkpoint.load(tmp_path / "nothing-here")
