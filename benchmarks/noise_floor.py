@@ -58,7 +58,8 @@ def _pct(v) -> str:
 def report(folder: Path, session_h: float) -> None:
     repeats, times, family = read(folder)
     if not repeats:
-        raise SystemExit(f"error: --data {folder}: no ok single-process records")
+        print(f"error: --data {folder}: no ok single-process records", file=sys.stderr)
+        raise SystemExit(2)
     nf = NoiseFloor(repeats)
     print(f"{folder}: {len(repeats)} configurations, {sum(len(v) >= 2 for v in repeats.values())} measured "
           f"twice or more; sessions: records < {session_h:g} h apart\n")

@@ -6,29 +6,29 @@ took 112, 86 and 66 ms within 16 minutes of one loan and 50 ms on another (its o
 0.9 ms), and the noise of steps of 3-100 ms is 5-9 % per measurement against 0.2 % for steps over 300 ms
 (``benchmarks/noise_floor.py``). Nothing in a record said how busy or slow its host was.
 
-``issue_us`` times a fixed burst of tiny in-place additions on the record's device from an idle queue
-(after a synchronisation): the host's cost to issue one small op, in microseconds, median of
-``BATCHES`` bursts of ``OPS``. The collector measures it just before and just after a record's timed steps
+``issue_us`` times ``OPS`` tiny in-place additions on the record's device from an idle queue (after a
+synchronisation): the host's mean cost to issue one small op, in microseconds. A mean over a few
+milliseconds, not a median of short bursts: a host that is time-sliced away (another process, another
+thread holding the interpreter) slows a host-bound step in proportion, and the mean sees it where the
+median of bursts shorter than a time slice would not. The collector measures it just before and just after a record's timed steps
 (``record["host_probe"]``), so a record taken while the host was slow can be told from one where the model
-was, and a model of host costs can be fitted per record rather than per loan. It costs ~1,000 tiny ops
-(about 5 ms on the H200's host) twice per record.
+was, and a model of host costs can be fitted per record rather than per loan. It costs 2,000 tiny ops
+(about 4 ms on a CPU, 10 ms at a GPU's launch rate) twice per record.
 """
 
 from __future__ import annotations
 
-import statistics
 import time
 
 import torch
 
-OPS = 100
-BATCHES = 5
+OPS = 2000
 
 
 def issue_us(device: torch.device) -> float:
-    """Median microseconds the host takes to issue one tiny in-place add on ``device`` (a CUDA device's
-    queue is drained first, so the GPU never holds the host back: 500 kernels of ~2 us each, issued at
-    several us each)."""
+    """Mean microseconds the host takes to issue one tiny in-place add on ``device`` over ``OPS`` of them (a
+    CUDA device's queue is drained first, so the GPU never holds the host back: kernels of ~2 us each,
+    issued at several us each)."""
     x = torch.zeros(16, device=device)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -36,19 +36,16 @@ def issue_us(device: torch.device) -> float:
         x.add_(1.0)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    per_op = []
-    for _ in range(BATCHES):
-        start = time.perf_counter()
-        for _ in range(OPS):
-            x.add_(1.0)
-        per_op.append((time.perf_counter() - start) / OPS * 1e6)
+    start = time.perf_counter()
+    for _ in range(OPS):
+        x.add_(1.0)
+    elapsed = time.perf_counter() - start
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    return round(statistics.median(per_op), 3)
+    return round(elapsed / OPS * 1e6, 3)
 
 
 def probe_fields(before_us: float, after_us: float) -> dict:
     """A record's ``host_probe``: the issue cost before and after its timed steps, and the probe's own
     definition, so records of different collector versions are not compared blindly."""
-    return {"issue_us_before": before_us, "issue_us_after": after_us, "op": "add_", "ops": OPS,
-            "batches": BATCHES}
+    return {"issue_us_before": before_us, "issue_us_after": after_us, "op": "add_", "ops": OPS, "stat": "mean"}

@@ -48,7 +48,8 @@ class ModelConfig:
     """node_sum (per-node times summed per phase), pool (pooled embedding -> phase times) or queue (with
     target log_ratio_prior: per-node corrections of each kernel's device time, composed into phase times
     by the prior's launch queue with the host's costs, ``prior.phase_seconds``, and a bounded per-phase
-    factor on those host costs from the pooled embedding)."""
+    factor on those host costs from the pooled embedding; ``log_kernel_ms`` holds the corrected device
+    times, ``log_node_ms`` their shares of the phase times, as node_sum's)."""
     dropout: float = 0.0
     heads: int = 4
     """Attention heads (gatv2, transformer)."""
@@ -77,8 +78,9 @@ class ModelConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):
                 raise UserError(f"model {name} = {value!r} must be an integer")
-        if not isinstance(self.hardware_descriptor, bool):
-            raise UserError(f"model hardware_descriptor = {self.hardware_descriptor!r} must be true or false")
+        for name in ("hardware_descriptor", "trust_region"):
+            if not isinstance(getattr(self, name), bool):
+                raise UserError(f"model {name} = {getattr(self, name)!r} must be true or false")
         for name, allowed in (("layer", LAYERS), ("norm", NORMS), ("readout", READOUTS), ("target", TARGETS)):
             if getattr(self, name) not in allowed:
                 raise UserError(f"model {name} {getattr(self, name)!r} is not one of {', '.join(allowed)}")
@@ -205,13 +207,15 @@ class StepTimeGNN(nn.Module):
         return h, g
 
     def _hardware(self, data, name: str) -> torch.Tensor:
-        """The graphs' hardware features (``hw`` [G, D]) or prior per-node log ms (``prior_log_ms`` [N]):
-        carried by the data (``descriptor.attach``), else those of ``self.descriptor``."""
+        """The graphs' hardware features (``hw`` [G, D]), the prior's per-node log ms (``prior_log_ms`` [N]:
+        shares of the launch queue; ``prior_device_log_ms`` [N]: device times) or host costs (``host_s``
+        [G, HOST_FIELDS]): carried by the data (``descriptor.attach``, ``prior.price``), else those of
+        ``self.descriptor``."""
         value = getattr(data, name, None)
         if value is not None:
             return value
         if self.descriptor is None:
-            what = "target " + self.cfg.target if name == "prior_log_ms" else "hardware_descriptor"
+            what = "hardware_descriptor" if name == "hw" else f"target {self.cfg.target}, readout {self.cfg.readout}"
             raise UserError(f"this model ({what}) "
                             "needs a hardware descriptor: the graphs carry none and the model has no default")
         if name == "hw":
@@ -222,7 +226,7 @@ class StepTimeGNN(nn.Module):
         if name == "host_s":
             return prior.host_vector(profile).float().expand(int(data.u.shape[0]), -1)
         if name == "prior_device_log_ms":
-            return torch.log(prior.node_seconds(data.x, data.x_cat, profile) * 1e3).to(data.x)
+            return prior.device_log_ms(data.x, data.x_cat, profile).to(data.x)
         return prior.log_node_ms({"x": data.x, "x_cat": data.x_cat, "phase": data.phase,
                                   "grad_bytes": getattr(data, "grad_bytes", None),
                                   "batch": getattr(data, "batch", None)}, profile).to(data.x)
@@ -241,8 +245,13 @@ class StepTimeGNN(nn.Module):
             device = self._hardware(data, "prior_device_log_ms")
             log_node = self._trusted(self.node_time(torch.cat([h, g[data.batch]], dim=-1)).squeeze(-1)
                                      + self.time_offset, device) + device
-            out["log_node_ms"] = log_node
+            out["log_kernel_ms"] = log_node
             out["log_phase_ms"] = self._queued(data, log_node, torch.exp(torch.tanh(self.host_scale(pooled))))
+            # per-node times that add up to their phase, as node_sum's do (what explain and the DDP overlap
+            # read): each kernel's device time scaled to its phase of the queue
+            group = data.batch * N_PHASES + data.phase
+            device_phase = scatter_logsumexp(log_node, group, out["log_phase_ms"].numel())
+            out["log_node_ms"] = log_node - device_phase[group] + out["log_phase_ms"].reshape(-1)[group]
             return out
         if self.cfg.readout == "node_sum":
             log_node = self.node_time(torch.cat([h, g[data.batch]], dim=-1)).squeeze(-1) + self.time_offset

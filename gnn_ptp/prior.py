@@ -409,7 +409,7 @@ def phase_seconds(device_s: torch.Tensor, phase: torch.Tensor, host: torch.Tenso
         if p == 2 and tensors > device.numel():  # optimizer_issues: one issue per parameter tensor
             device = (device.sum() / tensors).expand(tensors)
         devices.append(device)
-    if not bool((host[0:3] > 0).any()):
+    if not bool((host[0:6] != 0).any()):  # a profile without host costs: the sums
         return torch.stack([d.sum() if d.numel() else zero for d in devices])
     if bool(host[6] > 0.5):  # serial: fixed + issues x host + kernels
         return torch.stack([fixed[p] + d.numel() * issue[p] + d.sum() if d.numel() else zero
@@ -427,15 +427,19 @@ def phase_seconds(device_s: torch.Tensor, phase: torch.Tensor, host: torch.Tenso
     return torch.stack(out)
 
 
+def device_log_ms(x: torch.Tensor, x_cat: torch.Tensor, profile: Profile) -> torch.Tensor:
+    """Each node's device time alone (``node_seconds``), log ms, float32 [N]."""
+    return torch.log(node_seconds(x, x_cat, profile) * 1e3).float()
+
+
 def price(sample, profile: Profile) -> None:
     """Give a graph sample the prior's view of it under ``profile``: ``prior_log_ms`` [N] (each node's share
     of the launch queue, ``log_node_ms``), ``prior_device_log_ms`` [N] (each kernel's device time alone, log
     ms) and ``host_s`` [1, HOST_FIELDS] (``host_vector``): what a residual GNN reads (``model.py``)."""
     tensors = {"x": sample.x, "x_cat": sample.x_cat, "phase": sample.phase,
                "grad_bytes": getattr(sample, "grad_bytes", None)}
-    device = node_seconds(sample.x, sample.x_cat, profile)
     sample.prior_log_ms = log_node_ms(tensors, profile)
-    sample.prior_device_log_ms = torch.log(device * 1e3).float()
+    sample.prior_device_log_ms = device_log_ms(sample.x, sample.x_cat, profile)
     sample.host_s = host_vector(profile).float()
 
 

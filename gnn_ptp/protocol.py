@@ -139,7 +139,7 @@ def prepare_many(data_dirs, cfg, log, strict: bool = False):
     if not cfg.model.hardware_descriptor:
         raise UserError("training on several --data folders needs [model] hardware_descriptor = true: without "
                         "it the model cannot tell their hardware apart")
-    measured, samples, _ = load(data_dirs, cfg.model.precision_aware, log, strict)
+    measured, samples, _ = load(data_dirs, cfg.model.precision_aware, log, strict, node_labels=bool(cfg.node_weight))
     targets = sorted({dataset.trace_target(m.hardware) for m in measured})
     if len(targets) > 1:
         raise UserError(f"--data folders {', '.join(map(str, data_dirs))} trace for {' and '.join(targets)}: "
@@ -427,7 +427,8 @@ def run(protocol: str, data_dirs, config=None, budget: Budget = Budget(), log=No
         result = _size(base, budget, measured, samples, repeats, rng, log, refit)
     else:
         result = _hardware(base, budget, measured, samples, repeats, rng, log, refit)
-    result.update(prior_refitted=sorted(refit.seconds) if refit else [],
+    result.update(node_labelled=sum(bool(getattr(s, "node_mask", torch.zeros(1)).any()) for s in samples),
+                  prior_refitted=sorted(refit.seconds) if refit else [],
                   protocol=protocol, data=[str(d) for d in data_dirs], n_samples=len(samples),
                   budget=dataclasses.asdict(budget), train_config=base.to_dict(),
                   wall_s=round(time.perf_counter() - start, 1), targets=TARGETS)

@@ -48,7 +48,8 @@ def dataset_stats(path, min_step_ms: float = 10.0, strict: bool = False) -> dict
             if r["timing"]["step_ms"]["median"] >= min_step_ms:
                 long_noises.append(n)
             groups[r["key"]].append(r["timing"]["step_ms"]["median"])
-            by_kind[((r.get("env") or {}).get("hardware"), r["key"])].append(r["timing"]["step_ms"]["median"])
+            if (r.get("ddp") or {}).get("world_size", 1) == 1:  # the floor of single-process labels, as train's
+                by_kind[((r.get("env") or {}).get("hardware"), r["key"])].append(r["timing"]["step_ms"]["median"])
 
     def dist(values):
         if not values:

@@ -110,10 +110,18 @@ def _rdb_storage(optuna, url: str, attempts: int = 5):
             time.sleep(0.5 * (attempt + 1))
 
 
-def readouts_for(target: str) -> tuple[str, ...]:
-    """The readouts a sweep may draw for a model target: ``queue`` corrects the prior's kernels, so only a
-    residual over the prior (``log_ratio_prior``) can use it."""
-    return READOUTS if target == "log_ratio_prior" else tuple(r for r in READOUTS if r != "queue")
+def readouts_for(base: TrainConfig) -> tuple[str, ...]:
+    """The readouts a sweep may draw on top of ``base``: node labels (``node_weight``) need node_sum's
+    shares; ``queue`` corrects the prior's kernels, so only a residual over the prior can use it; a
+    ``trust_region`` needs per-node corrections (not pool)."""
+    if base.node_weight:
+        return ("node_sum",)
+    allowed = list(READOUTS)
+    if base.model.target != "log_ratio_prior":
+        allowed.remove("queue")
+    if base.model.trust_region:
+        allowed.remove("pool")
+    return tuple(allowed)
 
 
 def suggest_config(trial, base: TrainConfig, epochs: int | None) -> TrainConfig:
@@ -124,7 +132,7 @@ def suggest_config(trial, base: TrainConfig, epochs: int | None) -> TrainConfig:
         hidden=trial.suggest_categorical("hidden", HIDDEN),
         depth=trial.suggest_int("depth", 1, 6),
         norm=trial.suggest_categorical("norm", NORMS),
-        readout=trial.suggest_categorical("readout", readouts_for(base.model.target)),
+        readout=trial.suggest_categorical("readout", readouts_for(base)),
         dropout=trial.suggest_float("dropout", 0.0, 0.3),
         heads=trial.suggest_categorical("heads", HEADS) if layer != "gine" else base.model.heads)
     return dataclasses.replace(

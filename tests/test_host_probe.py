@@ -14,14 +14,18 @@ def test_issue_cost_is_a_few_microseconds_on_an_idle_host():
     assert 0.1 < us < 1000
 
 
-def test_a_busy_host_issues_slower():
+def test_a_busy_host_issues_slower(monkeypatch):
     """A pure-Python thread competing for the interpreter (what a collector's own background work, or a
-    host shared with it, does to a host-bound step): every op waits for the interpreter lock, and the probe
-    says so. A probe that measured nothing of the host would not move."""
+    host shared with it, does to a host-bound step): the probe's mean over a few milliseconds includes the
+    time the issuing thread waits for the lock. A probe that measured nothing of the host would not move."""
+    import statistics
+
+    monkeypatch.setattr(host_probe, "OPS", 20000)  # ~35 ms a probe: many 1 ms turns of the lock, not luck
     idle = min(host_probe.issue_us(torch.device("cpu")) for _ in range(3))
-    stop = threading.Event()
+    running, stop = threading.Event(), threading.Event()
 
     def spin():
+        running.set()
         x = 0
         while not stop.is_set():
             x += 1
@@ -31,15 +35,16 @@ def test_a_busy_host_issues_slower():
     hog = threading.Thread(target=spin, daemon=True)
     hog.start()
     try:
-        busy = host_probe.issue_us(torch.device("cpu"))
+        assert running.wait(5)
+        busy = statistics.median(host_probe.issue_us(torch.device("cpu")) for _ in range(3))
     finally:
         stop.set()
         hog.join()
         sys.setswitchinterval(old)
-    assert busy > 3 * idle, (idle, busy)
+    assert busy > 1.5 * idle, (idle, busy)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_issue_cost_on_a_gpu_is_the_launch_not_the_kernel():
+def test_issue_cost_on_a_gpu_is_a_few_microseconds():
     us = host_probe.issue_us(torch.device("cuda"))
     assert 0.5 < us < 1000

@@ -211,8 +211,8 @@ def _queue_model(**kw):
 
 def test_queue_readout_starts_at_the_priors_step_model_and_corrects_kernels_not_shares():
     """With a zero correction the queue readout gives the prior's own phase times (launch queue, host
-    costs, lag); its per-node times are the kernels' device times; a correction of one phase's kernels
-    moves a GPU-bound phase by that factor."""
+    costs, lag); its kernel times are the kernels' device times and its node times their shares of the
+    phases; a correction of the kernels moves GPU-bound phases by that factor."""
     from gnn_ptp import prior
 
     torch.manual_seed(0)
@@ -227,7 +227,14 @@ def test_queue_readout_starts_at_the_priors_step_model_and_corrects_kernels_not_
         want = prior.phase_ms(d, profile)[:3]
         assert out["log_phase_ms"][g].double().exp().tolist() == pytest.approx(want.tolist(), rel=1e-5)
     device_ms = torch.cat([prior.node_seconds(d.x, d.x_cat, profile) * 1e3 for d in datas])
-    assert out["log_node_ms"].double().exp().tolist() == pytest.approx(device_ms.tolist(), rel=1e-5)
+    assert out["log_kernel_ms"].double().exp().tolist() == pytest.approx(device_ms.tolist(), rel=1e-5)
+    # per-node times are shares that add up to each graph's phase (what explain and the DDP overlap read)
+    node_ms, start = out["log_node_ms"].double().exp(), 0
+    for g, d in enumerate(datas):
+        mine = node_ms[start:start + d.num_nodes]
+        sums = torch.zeros(3, dtype=torch.float64).index_add(0, d.phase, mine)
+        assert sums.tolist() == pytest.approx(out["log_phase_ms"][g].double().exp().tolist(), rel=1e-5)
+        start += d.num_nodes
     # the same graphs' kernels 100x longer (GPU-bound): doubling them doubles the phases
     with torch.no_grad():
         model.node_time[-1].bias.fill_(math.log(100.0))
@@ -278,12 +285,13 @@ def test_trust_region_fades_corrections_beyond_the_longest_training_kernel(reado
         m.descriptor = descriptor.GPU_DESCRIPTORS["h100"]
     device = batch.prior_device_log_ms
     base = batch.prior_log_ms if readout == "node_sum" else device
+    key = "log_node_ms" if readout == "node_sum" else "log_kernel_ms"  # the corrected times
     with torch.no_grad():
-        full = plain(batch)["log_node_ms"] - base
+        full = plain(batch)[key] - base
 
         def ratio(trust: float) -> torch.Tensor:
             trusted.trust_log_ms.fill_(trust)
-            return (trusted(batch)["log_node_ms"] - base) / full
+            return (trusted(batch)[key] - base) / full
 
         assert (ratio(float(device.max()) + 20 * math.log(2)) - 1).abs().max() < 1e-4  # all inside: unchanged
         assert ratio(float(device.min()) - 20 * math.log(2)).abs().max() < 1e-4  # all beyond: the prior's
@@ -297,5 +305,7 @@ def test_trust_region_fades_corrections_beyond_the_longest_training_kernel(reado
 def test_trust_region_needs_a_per_node_residual():
     with pytest.raises(UserError, match="trust_region"):
         ModelConfig(trust_region=True)
+    with pytest.raises(UserError, match="trust_region"):  # a TOML string is not a switch
+        ModelConfig(trust_region="false", target="log_ratio_prior")
     with pytest.raises(UserError, match="trust_region"):
         ModelConfig(trust_region=True, target="log_ratio_prior", readout="pool")

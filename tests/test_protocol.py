@@ -466,3 +466,9 @@ def test_a_config_with_node_weight_trains_its_folds_with_node_labels(synthetic_d
     assert samples and all(bool(s.node_mask.any()) for s in samples)
     _, plain, _ = protocol.load([synthetic_dir], log=lambda _: None)
     assert not any(hasattr(s, "node_mask") for s in plain)
+    # through run(): the config's node_weight decides, and the result says how many were labelled
+    labelled = dataclasses.replace(TINY, node_weight=1.0)
+    budget = protocol.Budget(epochs=1, seeds=(0,), bootstrap=10, threads=1)
+    r = protocol.run("size", synthetic_dir, labelled, budget, log=lambda _: None)
+    assert r["node_labelled"] == len(samples)
+    assert protocol.run("size", synthetic_dir, TINY, budget, log=lambda _: None)["node_labelled"] == 0

@@ -79,17 +79,20 @@ def test_repeat_difference(synthetic_dir):
     assert rep["median"] == pytest.approx(2.0 / 21.0)  # |22 - 20| / mean(20, 22)
 
 
-def test_label_noise_floor_counts_the_configurations_measured_once(synthetic_dir):
-    """k1 (cpu) measured at 20 and 22 ms: its noise is pooled to k5, measured once on the same hardware;
-    k2 on the h100 has no repeated neighbour and no floor."""
+def test_label_noise_floor_counts_the_configurations_measured_once(tmp_path):
+    """k1 (cpu) measured at 20 and 22 ms: its noise is pooled to k6, measured once on the same hardware;
+    k2 on the h100 has no repeated neighbour and no floor; a DDP record (k5) is not a single-process label."""
     import math
 
     from gnn_ptp.noise import c4
 
+    folder = tmp_path / "floor-cpu"
+    for r in SYNTHETIC + [synthetic_record("k6", median=50.0)]:
+        records.append_record(r, folder, "a.jsonl")
     sigma = (22.0 - 20.0) / math.sqrt(2) / c4(2) / 21.0
     expected = math.sqrt(2 / math.pi) * sigma * 100 * (1 / math.sqrt(2) + 1) / 2
-    assert dataset_stats(synthetic_dir)["label_noise_floor"] == pytest.approx(expected)
-    assert "label noise floor" in format_stats(dataset_stats(synthetic_dir))
+    assert dataset_stats(folder)["label_noise_floor"] == pytest.approx(expected)
+    assert "label noise floor" in format_stats(dataset_stats(folder))
 
 
 def test_host_probe_spread_and_changes(tmp_path):

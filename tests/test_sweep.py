@@ -221,3 +221,26 @@ def test_two_workers_share_one_postgresql_study(postgres_url, tmp_path):
     with psycopg2.connect(postgres_url) as conn, conn.cursor() as cur:  # the trials live in that server
         cur.execute("SELECT count(*) FROM trials JOIN studies USING (study_id) WHERE study_name = 'shared'")
         assert cur.fetchone()[0] == 4
+
+
+def test_a_sweep_draws_only_readouts_its_base_config_can_train():
+    """Every readout ``readouts_for`` allows makes a valid config on top of its base (a trial that drew one
+    it cannot train would abort the study); the ones it leaves out would not."""
+    import dataclasses
+
+    from gnn_ptp.model import READOUTS, ModelConfig
+    from gnn_ptp.sweep import readouts_for
+
+    bases = [TrainConfig(), TrainConfig(node_weight=1.0),
+             TrainConfig(model=ModelConfig(target="log_ratio_prior")),
+             TrainConfig(model=ModelConfig(target="log_ratio_prior", trust_region=True))]
+    for base in bases:
+        allowed = readouts_for(base)
+        for readout in READOUTS:
+            try:
+                dataclasses.replace(base, model=dataclasses.replace(base.model, readout=readout))
+                valid = True
+            except UserError:
+                valid = False
+            assert valid == (readout in allowed), (base, readout)
+    assert readouts_for(bases[2]) == READOUTS

@@ -221,7 +221,7 @@ def test_a_queue_readout_trains_over_the_prior_and_its_checkpoint_predicts_the_s
         dataclasses.replace(queue, node_weight=1.0)
 
 
-def test_trust_region_bounds_corrections_at_the_longest_training_kernel(synthetic_dir, tmp_path):
+def test_trust_region_boundary_is_the_longest_training_kernel_and_is_saved(synthetic_dir, tmp_path):
     from gnn_ptp.train import prepare
 
     trusted = dataclasses.replace(SMALL, model=dataclasses.replace(SMALL.model, target="log_ratio_prior",
