@@ -30,8 +30,8 @@ READOUTS = ("node_sum", "pool", "queue")
 TARGETS = ("log_ms", "log_ratio_prior")
 N_PHASES = 3
 TRUST_FADE = math.log(2.0)
-"""Width (log ms) over which ``trust_region`` fades a node's correction: half at the longest training
-kernel, a quarter at 2x its prior time... (a sigmoid)."""
+"""Width (log ms) over which ``trust_region`` fades a node's correction (a sigmoid): half at the longest
+training kernel's prior time, 0.27 at twice it, 0.12 at four times."""
 
 
 @dataclass(frozen=True)
@@ -271,7 +271,6 @@ class StepTimeGNN(nn.Module):
                 phase = phase + torch.where(torch.isfinite(prior_phase), prior_phase, torch.zeros_like(prior_phase))
         out["log_phase_ms"] = phase
         return out
-
 
     def _trusted(self, correction: torch.Tensor, prior_device_log_ms: torch.Tensor) -> torch.Tensor:
         """``correction`` (per-node log-ratio to the prior) faded beyond the longest training kernel
