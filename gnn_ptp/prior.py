@@ -436,10 +436,10 @@ def price(sample, profile: Profile) -> None:
     """Give a graph sample the prior's view of it under ``profile``: ``prior_log_ms`` [N] (each node's share
     of the launch queue, ``log_node_ms``), ``prior_device_log_ms`` [N] (each kernel's device time alone, log
     ms) and ``host_s`` [1, HOST_FIELDS] (``host_vector``): what a residual GNN reads (``model.py``)."""
-    tensors = {"x": sample.x, "x_cat": sample.x_cat, "phase": sample.phase,
-               "grad_bytes": getattr(sample, "grad_bytes", None)}
-    sample.prior_log_ms = log_node_ms(tensors, profile)
-    sample.prior_device_log_ms = device_log_ms(sample.x, sample.x_cat, profile)
+    seconds = node_seconds(sample.x, sample.x_cat, profile)  # priced once, for both views
+    queued = queued_node_seconds(seconds, sample.phase, profile, getattr(sample, "grad_bytes", None))
+    sample.prior_log_ms = torch.log(queued * 1e3).float()  # = log_node_ms
+    sample.prior_device_log_ms = torch.log(seconds * 1e3).float()  # = device_log_ms
     sample.host_s = host_vector(profile).float()
 
 

@@ -466,11 +466,14 @@ def _lofo(base, budget, measured, samples, repeats, rng, log, refit=None) -> dic
             + f"  ({seconds:.0f} s)")
     keys_of = {f: [repeat_key(s) for s in samples if s.family == f] for f in held}
     scores = {p: score_groups(errors[p], rng, budget.bootstrap) for p in errors}
-    floors = {f: noise_floor(keys_of[f], repeats) for f in held}
+    from gnn_ptp.noise import NoiseFloor
+
+    pooled = NoiseFloor(repeats)  # pooled once for every family and the whole
+    floors = {f: pooled.floor(keys_of[f]) for f in held}
     for p, sc in scores.items():
         for f, row in sc["per_group"].items():
             row["noise_floor"] = floors[f]
-    floor = noise_floor([k for f in held for k in keys_of[f]], repeats)
+    floor = pooled.floor([k for f in held for k in keys_of[f]])
     return {"predictors": scores, "noise_floor": floor,
             "noise_floor_mean_of_families": float(np.mean([v for v in floors.values() if v is not None]))
             if any(v is not None for v in floors.values()) else None,
