@@ -305,7 +305,7 @@ def run_train(args) -> int:
 
 PROTOCOL_ONLY = {"config": None, "epochs": None, "patience": None, "families": None, "seeds": "0",
                  "variants": "gnn,gnn-prior", "threads": None, "bootstrap": 2000, "shipped_prior": False,
-                 "jobs": 1}
+                 "jobs": 1, "hardware_folds": "all"}
 """``evaluate``'s options that only a --protocol run reads, with their defaults."""
 
 
@@ -339,6 +339,9 @@ def add_evaluate_parser(sub) -> None:
     g.add_argument("--jobs", type=_positive_int, default=PROTOCOL_ONLY["jobs"],
                    help="folds trained at once, each in its own process with --threads threads (default 1; "
                         "jobs x threads at most the cores); the results do not change")
+    g.add_argument("--hardware-folds", default=PROTOCOL_ONLY["hardware_folds"],
+                   help="hardware: pairs (train on each kind, test on each other), rest (train on all the "
+                        "other kinds, test on the one left out) or all (default)")
     g.add_argument("--bootstrap", type=_positive_int, default=PROTOCOL_ONLY["bootstrap"],
                    help="bootstrap resamples (default 2000)")
     g.add_argument("--shipped-prior", action="store_true",
@@ -397,7 +400,7 @@ def run_protocol(args) -> int:
                     seeds=_int_list(args.seeds, "--seeds"),
                     variants=tuple(v.strip() for v in args.variants.split(",") if v.strip()),
                     threads=args.threads, bootstrap=args.bootstrap, refit_prior=not args.shipped_prior,
-                    jobs=args.jobs)
+                    jobs=args.jobs, hardware_folds=args.hardware_folds)
     result = run(args.protocol, args.data, args.config, budget, strict=args.strict)
     print(json.dumps(result, indent=2) if args.json else format_result(result))
     return 0

@@ -49,6 +49,7 @@ from gnn_ptp.errors import UserError, closest
 
 PROTOCOLS = ("lofo", "size", "hardware")
 VARIANTS = ("gnn", "gnn-prior")
+HARDWARE_FOLDS = ("pairs", "rest", "all")
 SIZE_FACTOR = 4.0
 """``size``: test configurations have at least this many times the FLOPs of the largest training one."""
 TARGETS = {"lofo_mean_mape": 8.0, "lofo_worst_mape": 15.0, "size_mape": 12.0, "hardware_mape": 15.0,
@@ -76,6 +77,10 @@ class Budget:
     refit_prior: bool = True
     """Refit a GPU's prior in every fold (where the data has per-op profiles); False scores the shipped
     prior (faster, but it has seen the held-out families' steps)."""
+    hardware_folds: str = "all"
+    """hardware: ``pairs`` (train on each kind, test on each other kind), ``rest`` (train on all the other
+    kinds together, test on the one left out: a checkpoint of every kind held asked about a new one) or
+    ``all`` (both; with two kinds the two are the same folds)."""
     jobs: int = 1
     """Folds trained at once, each in a forked worker process (``threads`` torch threads each, 1 when
     unset): a leave-one-family-out run is 17 independent folds per seed. Same results as one at a time."""
@@ -91,6 +96,9 @@ class Budget:
                             + (closest(unknown[0], VARIANTS) if unknown else ""))
         if not self.seeds:
             raise UserError("protocol needs at least one seed")
+        if self.hardware_folds not in HARDWARE_FOLDS:
+            raise UserError(f"protocol hardware folds {self.hardware_folds!r}: allowed: {', '.join(HARDWARE_FOLDS)}"
+                            + closest(str(self.hardware_folds), HARDWARE_FOLDS))
         if not isinstance(self.jobs, int) or self.jobs < 1:
             raise UserError(f"protocol jobs = {self.jobs!r}: must be a positive integer")
 
@@ -212,11 +220,12 @@ class PriorRefit:
         for name, desc in self.descriptors.items():
             if name in fitted or not any(s.hardware_name == name for part in parts.values() for s in part):
                 continue
-            source = next((n for n in fitted if self.descriptors.get(n) is not None
-                           and self.descriptors[n].kind == desc.kind), None)
-            if name in tested and source is not None:  # the fold's own fit, moved by the measured ceilings
-                self._price(parts, name, descriptor.transfer(fitted[source], self.descriptors[source], desc))
-                info[name] = {"transferred_from": source}
+            sources = [n for n in fitted if self.descriptors.get(n) is not None
+                       and self.descriptors[n].kind == desc.kind]
+            if name in tested and sources:  # the fold's own fits, moved by the measured ceilings
+                self._price(parts, name, *(descriptor.transfer(fitted[n], self.descriptors[n], desc)
+                                           for n in sources))
+                info[name] = {"transferred_from": sources[0] if len(sources) == 1 else sources}
             elif desc.steps_fitted_on() in tested:  # the shipped prior has seen the steps under test
                 section = FALLBACK_SECTION[desc.kind]
                 self._price(parts, name, desc.profile(section))
@@ -226,11 +235,18 @@ class PriorRefit:
         return info
 
     @staticmethod
-    def _price(parts: dict, name: str, profile) -> None:
+    def _price(parts: dict, name: str, *profiles) -> None:
+        """Price ``name``'s samples with ``profiles``: with several (a kind moved from each of a fold's
+        training kinds), each node's times are their geometric mean, host costs their mean."""
         from gnn_ptp import prior
 
         for s in (x for part in parts.values() for x in part if x.hardware_name == name):
-            prior.price(s, profile)
+            views = []
+            for profile in profiles:
+                prior.price(s, profile)
+                views.append((s.prior_log_ms, s.prior_device_log_ms, s.host_s))
+            if len(views) > 1:
+                s.prior_log_ms, s.prior_device_log_ms, s.host_s = (torch.stack(v).mean(0) for v in zip(*views))
 
 
 FALLBACK_SECTION = {"cpu": "microbench-cpu", "gpu": "h100-neusight"}
@@ -563,30 +579,57 @@ def _hardware(base, budget, measured, samples, repeats, rng, log, refit=None) ->
     for s in samples:
         kinds[s.hardware_name].append(s)
     _refuse_one_kind({k: len(v) for k, v in kinds.items()})
+    folds = hardware_folds(sorted(kinds), budget.hardware_folds)
+    tasks = [(f, seed) for f in range(len(folds)) for seed in budget.seeds]
+
+    def one(task):
+        (train_kinds, test_kind), seed = folds[task[0]], task[1]
+        own = [s for k in train_kinds for s in kinds[k]]
+        split = dataset.family_split([s.family for s in own], seed, test_families=[],
+                                     test_fraction=0.0, val_fraction=base.val_fraction)
+        parts = {"train": [s for s in own if split[s.family] == "train"],
+                 "val": [s for s in own if split[s.family] == "val"], "test": kinds[test_kind]}
+        pred, info = fit_predict(base, budget, seed, parts, measured, log, refit)
+        true = np.exp(np.array([float(s.y[0, 3]) for s in parts["test"]]))
+        return pred, info, true, [s.precision for s in parts["test"]], _fold_record(parts["test"], pred, true)
+
+    errors = [{p: {} for p in _predictors(budget)} for _ in folds]
+    records = []
+    for i, (pred, info, true, precisions, record), seconds in _map_folds(budget, one, tasks, log):
+        f, seed = tasks[i]
+        (train_kinds, test_kind) = folds[f]
+        by_precision = {}
+        for p, values in pred.items():
+            ape = metrics.ape(values, true)
+            errors[f][p][seed] = {test_kind: ape}
+            by_precision[p] = {c: float(np.mean([a for a, q in zip(ape, precisions) if q == c]))
+                               for c in sorted(set(precisions))}
+        records.append({"train": list(train_kinds), "test": test_kind, "seed": seed, **info,
+                        "mape_by_precision": by_precision, **record})
+        log(f"hardware {' + '.join(train_kinds)} -> {test_kind} seed {seed}: " + "  ".join(
+            f"{p} {errors[f][p][seed][test_kind].mean():5.1f}%" for p in pred) + f"  ({seconds:.0f} s)")
     pairs = {}
-    for train_kind in sorted(kinds):
-        for test_kind in sorted(kinds):
-            if train_kind == test_kind:
-                continue
-            errors = {p: {} for p in _predictors(budget)}
-            for seed in budget.seeds:
-                own = kinds[train_kind]
-                split = dataset.family_split([s.family for s in own], seed, test_families=[],
-                                             test_fraction=0.0, val_fraction=base.val_fraction)
-                parts = {"train": [s for s in own if split[s.family] == "train"],
-                         "val": [s for s in own if split[s.family] == "val"], "test": kinds[test_kind]}
-                pred, _ = fit_predict(base, budget, seed, parts, measured, log, refit)
-                true = np.exp(np.array([float(s.y[0, 3]) for s in parts["test"]]))
-                for p, values in pred.items():
-                    errors[p][seed] = {test_kind: metrics.ape(values, true)}
-            scores = {p: score_groups(errors[p], rng, budget.bootstrap) for p in errors}
-            pairs[f"{train_kind} -> {test_kind}"] = {
-                "predictors": {p: {"mape": sc["mean_mape"], "ci95": sc["mean_ci95"]} for p, sc in scores.items()},
-                "noise_floor": noise_floor([repeat_key(s) for s in kinds[test_kind]], repeats),
-                "n_test": len(kinds[test_kind])}
-            log(f"hardware {train_kind} -> {test_kind}: " + "  ".join(
-                f"{p} {sc['mean_mape']:5.1f}%" for p, sc in scores.items()))
-    return {"pairs": pairs, "kinds": {k: len(v) for k, v in kinds.items()}}
+    for f, (train_kinds, test_kind) in enumerate(folds):
+        scores = {p: score_groups(errors[f][p], rng, budget.bootstrap) for p in errors[f]}
+        pairs[f"{' + '.join(train_kinds)} -> {test_kind}"] = {
+            "train_kinds": list(train_kinds), "test_kind": test_kind,
+            "predictors": {p: {"mape": sc["mean_mape"], "ci95": sc["mean_ci95"]} for p, sc in scores.items()},
+            "noise_floor": noise_floor([repeat_key(s) for s in kinds[test_kind]], repeats),
+            "n_test": len(kinds[test_kind])}
+    return {"pairs": pairs, "kinds": {k: len(v) for k, v in kinds.items()},
+            "folds": sorted(records, key=lambda r: (r["test"], len(r["train"]), r["train"], r["seed"]))}
+
+
+def hardware_folds(kinds: list[str], which: str = "all") -> list[tuple[tuple[str, ...], str]]:
+    """The ``hardware`` protocol's folds as (training kinds, test kind): each kind onto each other kind
+    (``pairs``), all the others together onto each kind (``rest``; the pairs themselves with two kinds),
+    or both (``all``), without repeats."""
+    folds = []
+    if which in ("pairs", "all") or len(kinds) == 2:
+        folds += [((a,), b) for a in kinds for b in kinds if a != b]
+    if which in ("rest", "all") and len(kinds) > 2:
+        folds += [(tuple(k for k in kinds if k != b), b) for b in kinds]
+    return folds
 
 
 # --- output ----------------------------------------------------------------------------------------------

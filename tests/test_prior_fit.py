@@ -385,6 +385,38 @@ def test_a_cpu_kind_only_tested_on_gets_the_fold_s_fit_moved_by_its_measured_cei
         torch.testing.assert_close(slow.prior_log_ms, home.prior_log_ms + math.log(2.0), rtol=0, atol=1e-4)
 
 
+def test_a_kind_left_out_of_several_gets_the_geometric_mean_of_each_training_kind_s_fit_moved():
+    """Hardware protocol, ``rest`` fold: two training kinds, the first CPU kind and a SYNTHETIC one that
+    claims twice its rates but runs the same steps no faster; the SYNTHETIC test kind has half the first
+    kind's rates. Moved from the first kind its steps take 2x, from the other 4x (its fit found half the
+    efficiency): the test kind gets the geometric mean of the two, 2.83x."""
+    from gnn_ptp import descriptor
+    from gnn_ptp.protocol import PriorRefit
+    from tests.test_descriptor import synthetic_cpu
+
+    kinds = {"amd-epyc": descriptor.stored_cpus()["amd-epyc"], "synthetic-slow-cpu": synthetic_cpu(0.5),
+             "synthetic-fast-cpu": synthetic_cpu(2.0, "synthetic-fast-cpu")}
+    truth = kinds["amd-epyc"].profile()
+    parts, seconds = {"train": [], "val": [], "test": []}, {"amd-epyc": {}, "synthetic-fast-cpu": {}}
+    for kind, part in (("amd-epyc", "train"), ("synthetic-fast-cpu", "train"), ("amd-epyc", "val"),
+                       ("synthetic-fast-cpu", "val"), ("synthetic-slow-cpu", "test")):
+        for n, t in ((10, 1e-6), (50, 2e-5), (200, 5e-6), (30, 4e-4), (80, 1e-4)):
+            s = _sample(n, t, f"{part}-family")
+            s.x[:, 1] = s.x[:, 2] = math.log2(1 + t * CPU.memory_bandwidth_Bps / 2)
+            s.key, s.hardware_name = f"{kind}-{part}-{n}", kind
+            s.y = torch.tensor([[math.log(v) for v in prior.phase_ms(s, truth)]], dtype=torch.float32)
+            if kind in seconds:
+                seconds[kind][s.key] = [prior.node_seconds(s.x, s.x_cat, truth)]
+            s.prior_log_ms = torch.zeros(3 * n)
+            parts[part].append(s)
+    info = PriorRefit(seconds, max_rows=None, descriptors=kinds).apply(parts)
+    assert info["synthetic-slow-cpu"] == {"transferred_from": ["amd-epyc", "synthetic-fast-cpu"]}
+    home = [s for s in parts["train"] if s.hardware_name == "amd-epyc"]
+    for h, slow in zip(home, parts["test"]):  # the same graphs
+        torch.testing.assert_close(slow.prior_log_ms, h.prior_log_ms + 1.5 * math.log(2.0), rtol=0, atol=1e-3)
+        assert slow.host_s.shape == h.host_s.shape
+
+
 def test_a_fold_whose_shipped_prior_has_seen_the_test_steps_falls_back_to_kernel_curves():
     """Second kind -> first, the second kind without profiles: nothing in the fold can be refitted, and the
     shipped CPU prior was fitted to the first kind's steps, so both kinds are priced with the curves fitted

@@ -27,6 +27,7 @@ from test_descriptor import synthetic_cpu
 TINY = TrainConfig(model=ModelConfig(hidden=16, depth=1), epochs=2, threads=1)
 BUDGET = protocol.Budget(epochs=2, seeds=(0, 1), bootstrap=100, threads=1)
 SLOW_CPU_MODEL = "Synthetic Slow CPU"
+FAST_CPU_MODEL = "Synthetic Fast CPU"
 
 
 @pytest.fixture
@@ -40,14 +41,26 @@ def two_cpus(tmp_path, monkeypatch):
     """Two SYNTHETIC dataset folders: the same made-up configurations on this project's CPU (records name
     'AMD EPYC') and on a made-up CPU with a quarter of its rates whose steps take 3x as long; descriptors
     of both in a temporary descriptor folder."""
+    return _cpus(tmp_path, monkeypatch, (("home", "AMD EPYC", 1.0), ("slow", SLOW_CPU_MODEL, 3.0)))
+
+
+@pytest.fixture
+def three_cpus(tmp_path, monkeypatch):
+    """``two_cpus`` and a third SYNTHETIC folder: a made-up CPU with twice the rates, steps in 0.6x."""
+    return _cpus(tmp_path, monkeypatch, (("home", "AMD EPYC", 1.0), ("slow", SLOW_CPU_MODEL, 3.0),
+                                         ("fast", FAST_CPU_MODEL, 0.6)))
+
+
+def _cpus(tmp_path, monkeypatch, kinds):
     monkeypatch.setattr(dataset, "load_graphs", load_synthetic_graphs)
     folder = tmp_path / "descriptors"
     folder.mkdir()
     shutil.copy(descriptor.DESCRIPTOR_DIR / "amd-epyc.json", folder / "amd-epyc.json")
     descriptor.write(synthetic_cpu(0.25, descriptor.slug(SLOW_CPU_MODEL)), folder)
+    descriptor.write(synthetic_cpu(2.0, descriptor.slug(FAST_CPU_MODEL)), folder)
     monkeypatch.setattr(descriptor, "DESCRIPTOR_DIR", folder)
     dirs = []
-    for name, cpu_model, factor in (("home", "AMD EPYC", 1.0), ("slow", SLOW_CPU_MODEL, 3.0)):
+    for name, cpu_model, factor in kinds:
         src = write_synthetic_dataset(tmp_path / f"src-{name}")
         out = tmp_path / f"synthetic-{name}"
         out.mkdir()
@@ -357,6 +370,28 @@ def test_hardware_protocol_trains_on_one_synthetic_cpu_and_tests_on_the_other(tw
         assert set(row["predictors"]) == {"gnn", "gnn-prior", protocol.HALF, "ridge", "prior"} and row["n_test"] == 24
     text = protocol.format_result(r)
     assert "amd-epyc -> synthetic-slow-cpu" in text
+
+
+def test_with_three_kinds_the_hardware_protocol_also_leaves_each_kind_out_of_the_other_two(three_cpus):
+    budget = dataclasses.replace(BUDGET, seeds=(0,), variants=("gnn-prior",), hardware_folds="rest", jobs=2)
+    r = protocol.run("hardware", three_cpus, TINY, budget, log=lambda _: None)
+    rest = "amd-epyc + synthetic-fast-cpu -> synthetic-slow-cpu"
+    assert set(r["pairs"]) == {rest, "amd-epyc + synthetic-slow-cpu -> synthetic-fast-cpu",
+                               "synthetic-fast-cpu + synthetic-slow-cpu -> amd-epyc"}
+    assert r["pairs"][rest]["train_kinds"] == ["amd-epyc", "synthetic-fast-cpu"]
+    fold = next(f for f in r["folds"] if f["test"] == "synthetic-slow-cpu")
+    assert len(fold["keys"]) == 24 and set(fold["mape_by_precision"]["prior"]) == {"fp32", "amp-bf16"}
+    assert rest in protocol.format_result(r)
+
+
+def test_the_hardware_protocol_s_folds_pairs_and_the_rest():
+    assert protocol.hardware_folds(["a", "b"]) == protocol.hardware_folds(["a", "b"], "rest") == [(("a",), "b"), (("b",), "a")]
+    three = ["a", "b", "c"]
+    assert len(protocol.hardware_folds(three, "pairs")) == 6
+    assert protocol.hardware_folds(three, "rest") == [(("b", "c"), "a"), (("a", "c"), "b"), (("a", "b"), "c")]
+    assert protocol.hardware_folds(three) == protocol.hardware_folds(three, "pairs") + protocol.hardware_folds(three, "rest")
+    with pytest.raises(UserError, match="hardware folds 'rset': allowed: pairs, rest, all.*rest"):
+        protocol.Budget(hardware_folds="rset")
 
 
 def test_cli_protocol_json_and_the_one_kind_refusal(synthetic_dir, capsys, monkeypatch):
