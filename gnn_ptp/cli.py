@@ -305,7 +305,7 @@ def run_train(args) -> int:
 
 PROTOCOL_ONLY = {"config": None, "epochs": None, "patience": None, "families": None, "seeds": "0",
                  "variants": "gnn,gnn-prior", "threads": None, "bootstrap": 2000, "shipped_prior": False,
-                 "jobs": 1, "hardware_folds": "all"}
+                 "jobs": 1, "hardware_folds": "all", "hardware_transfer": "nearest"}
 """``evaluate``'s options that only a --protocol run reads, with their defaults."""
 
 
@@ -342,6 +342,9 @@ def add_evaluate_parser(sub) -> None:
     g.add_argument("--hardware-folds", default=PROTOCOL_ONLY["hardware_folds"],
                    help="hardware: pairs (train on each kind, test on each other), rest (train on all the "
                         "other kinds, test on the one left out) or all (default)")
+    g.add_argument("--hardware-transfer", default=PROTOCOL_ONLY["hardware_transfer"],
+                   help="hardware: price a kind tested on by the prior of the training kind with the nearest "
+                        "ceilings (nearest, default) or the geometric mean of every training kind's (mean)")
     g.add_argument("--bootstrap", type=_positive_int, default=PROTOCOL_ONLY["bootstrap"],
                    help="bootstrap resamples (default 2000)")
     g.add_argument("--shipped-prior", action="store_true",
@@ -400,7 +403,8 @@ def run_protocol(args) -> int:
                     seeds=_int_list(args.seeds, "--seeds"),
                     variants=tuple(v.strip() for v in args.variants.split(",") if v.strip()),
                     threads=args.threads, bootstrap=args.bootstrap, refit_prior=not args.shipped_prior,
-                    jobs=args.jobs, hardware_folds=args.hardware_folds)
+                    jobs=args.jobs, hardware_folds=args.hardware_folds,
+                    hardware_transfer=args.hardware_transfer)
     result = run(args.protocol, args.data, args.config, budget, strict=args.strict)
     print(json.dumps(result, indent=2) if args.json else format_result(result))
     return 0

@@ -158,6 +158,17 @@ def transfer(profile, source: "Descriptor", target: "Descriptor"):
                    host_issue_s=scaled(profile.host_issue_s), host_fixed_s=scaled(profile.host_fixed_s))
 
 
+def ceiling_gap(a: Descriptor, b: Descriptor) -> float:
+    """How far apart two hardware kinds' ceilings are: the largest |log10| ratio of their rates (the GEMM
+    rates a training step of their kind uses: fp32 and bf16 on a CPU, every dtype on a GPU; element-wise,
+    bandwidth and launch floor). A prior moved by ``transfer`` across a larger gap extrapolates further."""
+    dtypes = ("fp32", "bf16") if a.kind == b.kind == "cpu" else GEMM_DTYPES
+    pairs = [(a.gemm_flops_per_s[d], b.gemm_flops_per_s[d]) for d in dtypes] + [
+        (a.vector_flops_per_s, b.vector_flops_per_s), (a.memory_bandwidth_Bps, b.memory_bandwidth_Bps),
+        (a.launch_floor_s, b.launch_floor_s)]
+    return max(abs(math.log10(x / y)) for x, y in pairs)
+
+
 def _from_hardware(hw: Hardware, launch_floor_s: float) -> Descriptor:
     rates = {d: hw.flops_per_s.get(d, hw.flops_per_s["fp32"]) for d in GEMM_DTYPES}
     return Descriptor(hw.name, "gpu", rates, hw.vector_flops_per_s, hw.memory_bandwidth_Bps, launch_floor_s,

@@ -50,6 +50,7 @@ from gnn_ptp.errors import UserError, closest
 PROTOCOLS = ("lofo", "size", "hardware")
 VARIANTS = ("gnn", "gnn-prior")
 HARDWARE_FOLDS = ("pairs", "rest", "all")
+HARDWARE_TRANSFERS = ("nearest", "mean")
 SIZE_FACTOR = 4.0
 """``size``: test configurations have at least this many times the FLOPs of the largest training one."""
 TARGETS = {"lofo_mean_mape": 8.0, "lofo_worst_mape": 15.0, "size_mape": 12.0, "hardware_mape": 15.0,
@@ -81,6 +82,9 @@ class Budget:
     """hardware: ``pairs`` (train on each kind, test on each other kind), ``rest`` (train on all the other
     kinds together, test on the one left out: a checkpoint of every kind held asked about a new one) or
     ``all`` (both; with two kinds the two are the same folds)."""
+    hardware_transfer: str = "nearest"
+    """hardware: a kind tested on is priced by the nearest training kind's prior (``nearest``) or the
+    geometric mean of every training kind's (``mean``), moved by the ceilings (``PriorRefit.transfer``)."""
     jobs: int = 1
     """Folds trained at once, each in a forked worker process (``threads`` torch threads each, 1 when
     unset): a leave-one-family-out run is 17 independent folds per seed. Same results as one at a time."""
@@ -99,6 +103,10 @@ class Budget:
         if self.hardware_folds not in HARDWARE_FOLDS:
             raise UserError(f"protocol hardware folds {self.hardware_folds!r}: allowed: {', '.join(HARDWARE_FOLDS)}"
                             + closest(str(self.hardware_folds), HARDWARE_FOLDS))
+        if self.hardware_transfer not in HARDWARE_TRANSFERS:
+            raise UserError(f"protocol hardware transfer {self.hardware_transfer!r}: allowed: "
+                            f"{', '.join(HARDWARE_TRANSFERS)}" + closest(str(self.hardware_transfer),
+                                                                         HARDWARE_TRANSFERS))
         if not isinstance(self.jobs, int) or self.jobs < 1:
             raise UserError(f"protocol jobs = {self.jobs!r}: must be a positive integer")
 
@@ -190,6 +198,11 @@ class PriorRefit:
     """Every hardware kind of the data (with or without profiles), by name: a CPU kind is fitted as its
     descriptor's hardware (a GPU as ``gnn_ptp/hardware.py``'s), and a kind only tested on in a fold is
     priced from them (``apply``)."""
+    transfer: str = "nearest"
+    """A kind only tested on, with several training kinds in the fold: priced by the prior of the one whose
+    ceilings are nearest (``descriptor.ceiling_gap``), or by the geometric mean of every training kind's
+    prior moved (``mean``). ``mean`` came first; on the three CPU kinds one far kind (the Intel kind's AMX
+    bf16 rate, 7x the first kind's) pulled it off: README *Protocol*."""
 
     def apply(self, parts: dict) -> dict:
         """Fit each hardware's prior (``prior_fit.fit``: kernel curves, then host costs) to the fold's
@@ -222,7 +235,9 @@ class PriorRefit:
                 continue
             sources = [n for n in fitted if self.descriptors.get(n) is not None
                        and self.descriptors[n].kind == desc.kind]
-            if name in tested and sources:  # the fold's own fits, moved by the measured ceilings
+            if name in tested and sources:  # the fold's own fit, moved by the measured ceilings
+                if self.transfer == "nearest":  # the training kind whose ceilings are nearest
+                    sources = [min(sources, key=lambda n: descriptor.ceiling_gap(self.descriptors[n], desc))]
                 self._price(parts, name, *(descriptor.transfer(fitted[n], self.descriptors[n], desc)
                                            for n in sources))
                 info[name] = {"transferred_from": sources[0] if len(sources) == 1 else sources}
@@ -254,7 +269,7 @@ FALLBACK_SECTION = {"cpu": "microbench-cpu", "gpu": "h100-neusight"}
 which the shipped one was fitted to the steps under test and no training kind has profiles to refit."""
 
 
-def prior_refit(data_dirs, log, strict: bool = False) -> PriorRefit | None:
+def prior_refit(data_dirs, log, strict: bool = False, transfer: str = "nearest") -> PriorRefit | None:
     """``PriorRefit`` for the folders of ``data_dirs`` whose records have per-op profiles, GPU or CPU (None
     when there is none)."""
     from gnn_ptp import descriptor, node_labels
@@ -269,7 +284,7 @@ def prior_refit(data_dirs, log, strict: bool = False) -> PriorRefit | None:
         log(f"{d}: the {desc.name} prior is refitted in every fold to the fold's training configurations "
             "(per-op profiles; the shipped one has seen most families)")
         seconds[desc.name] = node_labels.node_seconds(d, own)
-    return PriorRefit(seconds, descriptors=descriptors) if seconds else None
+    return PriorRefit(seconds, descriptors=descriptors, transfer=transfer) if seconds else None
 
 
 # --- training one fold -----------------------------------------------------------------------------------
@@ -434,7 +449,7 @@ def run(protocol: str, data_dirs, config=None, budget: Budget = Budget(), log=No
         _check_kinds(data_dirs, strict)  # from the records alone, before any graph is traced
     measured, samples, repeats = loaded or load(data_dirs, base.model.precision_aware, log, strict,
                                                 node_labels=bool(base.node_weight))
-    refit = prior_refit(data_dirs, log, strict) if budget.refit_prior else None
+    refit = prior_refit(data_dirs, log, strict, budget.hardware_transfer) if budget.refit_prior else None
     rng = np.random.default_rng(0)
     start = time.perf_counter()
     if protocol == "lofo":

@@ -5,6 +5,7 @@ named so): no record of another CPU kind exists in this repository."""
 from __future__ import annotations
 
 import json
+import math
 import shutil
 
 import pytest
@@ -223,3 +224,13 @@ def test_a_cpu_profile_fit_writes_the_reference_section_or_the_kind_s_own():
     assert module.cpu_section_name("AMD EPYC", table) == "cpu"
     assert module.cpu_section_name("AMD EPYC (family 26 model 2)", table) == "cpu-amd-epyc-family-26-model-2"
     assert module.cpu_section_name("Intel Xeon", {}) == "cpu"  # the first CPU fitted becomes the reference
+
+
+def test_the_ceiling_gap_is_the_largest_rate_ratio_a_transfer_crosses():
+    home = descriptor.stored_cpus()["amd-epyc"]
+    assert descriptor.ceiling_gap(home, home) == 0
+    assert descriptor.ceiling_gap(home, synthetic_cpu(0.5)) == pytest.approx(math.log10(2))
+    assert descriptor.ceiling_gap(synthetic_cpu(4.0), synthetic_cpu(0.5)) == pytest.approx(math.log10(8))
+    slow_bf16 = Descriptor("x", "cpu", {**home.gemm_flops_per_s, "bf16": home.gemm_flops_per_s["bf16"] / 7},
+                           home.vector_flops_per_s, home.memory_bandwidth_Bps, home.launch_floor_s)
+    assert descriptor.ceiling_gap(home, slow_bf16) == pytest.approx(math.log10(7))

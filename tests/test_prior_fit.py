@@ -385,11 +385,12 @@ def test_a_cpu_kind_only_tested_on_gets_the_fold_s_fit_moved_by_its_measured_cei
         torch.testing.assert_close(slow.prior_log_ms, home.prior_log_ms + math.log(2.0), rtol=0, atol=1e-4)
 
 
-def test_a_kind_left_out_of_several_gets_the_geometric_mean_of_each_training_kind_s_fit_moved():
+def test_a_kind_left_out_of_several_gets_the_nearest_kind_s_fit_or_the_geometric_mean_of_all():
     """Hardware protocol, ``rest`` fold: two training kinds, the first CPU kind and a SYNTHETIC one that
     claims twice its rates but runs the same steps no faster; the SYNTHETIC test kind has half the first
     kind's rates. Moved from the first kind its steps take 2x, from the other 4x (its fit found half the
-    efficiency): the test kind gets the geometric mean of the two, 2.83x."""
+    efficiency). ``nearest`` (the default) prices it from the first kind, whose ceilings are 2x away (the
+    other's 4x): 2x; ``mean`` takes the geometric mean of the two, 2.83x."""
     from gnn_ptp import descriptor
     from gnn_ptp.protocol import PriorRefit
     from tests.test_descriptor import synthetic_cpu
@@ -409,12 +410,16 @@ def test_a_kind_left_out_of_several_gets_the_geometric_mean_of_each_training_kin
                 seconds[kind][s.key] = [prior.node_seconds(s.x, s.x_cat, truth)]
             s.prior_log_ms = torch.zeros(3 * n)
             parts[part].append(s)
-    info = PriorRefit(seconds, max_rows=None, descriptors=kinds).apply(parts)
-    assert info["synthetic-slow-cpu"] == {"transferred_from": ["amd-epyc", "synthetic-fast-cpu"]}
     home = [s for s in parts["train"] if s.hardware_name == "amd-epyc"]
+    info = PriorRefit(seconds, max_rows=None, descriptors=kinds, transfer="mean").apply(parts)
+    assert info["synthetic-slow-cpu"] == {"transferred_from": ["amd-epyc", "synthetic-fast-cpu"]}
     for h, slow in zip(home, parts["test"]):  # the same graphs
         torch.testing.assert_close(slow.prior_log_ms, h.prior_log_ms + 1.5 * math.log(2.0), rtol=0, atol=1e-3)
         assert slow.host_s.shape == h.host_s.shape
+    info = PriorRefit(seconds, max_rows=None, descriptors=kinds).apply(parts)
+    assert info["synthetic-slow-cpu"] == {"transferred_from": "amd-epyc"}
+    for h, slow in zip(home, parts["test"]):
+        torch.testing.assert_close(slow.prior_log_ms, h.prior_log_ms + math.log(2.0), rtol=0, atol=1e-3)
 
 
 def test_a_fold_whose_shipped_prior_has_seen_the_test_steps_falls_back_to_kernel_curves():

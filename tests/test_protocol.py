@@ -392,6 +392,8 @@ def test_the_hardware_protocol_s_folds_pairs_and_the_rest():
     assert protocol.hardware_folds(three) == protocol.hardware_folds(three, "pairs") + protocol.hardware_folds(three, "rest")
     with pytest.raises(UserError, match="hardware folds 'rset': allowed: pairs, rest, all.*rest"):
         protocol.Budget(hardware_folds="rset")
+    with pytest.raises(UserError, match="hardware transfer 'nearst': allowed: nearest, mean.*nearest"):
+        protocol.Budget(hardware_transfer="nearst")
 
 
 def test_cli_protocol_json_and_the_one_kind_refusal(synthetic_dir, capsys, monkeypatch):
