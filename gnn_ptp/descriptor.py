@@ -162,11 +162,18 @@ def ceiling_gap(a: Descriptor, b: Descriptor) -> float:
     """How far apart two hardware kinds' ceilings are: the largest |log10| ratio of their rates (the GEMM
     rates a training step of their kind uses: fp32 and bf16 on a CPU, every dtype on a GPU; element-wise,
     bandwidth and launch floor). A prior moved by ``transfer`` across a larger gap extrapolates further."""
+    return max(abs(math.log10(r)) for r in ceiling_ratios(a, b).values())
+
+
+def ceiling_ratios(a: Descriptor, b: Descriptor) -> dict[str, float]:
+    """``b``'s rates over ``a``'s, by name (``ceiling_gap``'s rates; the launch floor's as a rate, a floor
+    half as long counting 2x)."""
     dtypes = ("fp32", "bf16") if a.kind == b.kind == "cpu" else GEMM_DTYPES
-    pairs = [(a.gemm_flops_per_s[d], b.gemm_flops_per_s[d]) for d in dtypes] + [
-        (a.vector_flops_per_s, b.vector_flops_per_s), (a.memory_bandwidth_Bps, b.memory_bandwidth_Bps),
-        (a.launch_floor_s, b.launch_floor_s)]
-    return max(abs(math.log10(x / y)) for x, y in pairs)
+    out = {f"{d} GEMM": b.gemm_flops_per_s[d] / a.gemm_flops_per_s[d] for d in dtypes}
+    out.update({"element-wise": b.vector_flops_per_s / a.vector_flops_per_s,
+                "bandwidth": b.memory_bandwidth_Bps / a.memory_bandwidth_Bps,
+                "launch floor": a.launch_floor_s / b.launch_floor_s})
+    return out
 
 
 def _from_hardware(hw: Hardware, launch_floor_s: float) -> Descriptor:

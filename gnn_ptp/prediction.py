@@ -636,8 +636,22 @@ def _for_cpu_kind(model, meta: dict, ckpt_path, cpu_kind: str):
     chosen = copy.copy(model)  # the cached model keeps its own descriptor
     chosen.descriptor = stored[name]
     trained_on = model.descriptor.name if model.descriptor is not None else "?"
-    return chosen, (f"predicted for CPU kind {name} from its measured ceilings (the checkpoint was trained on "
-                    f"{trained_on})")
+    note = f"predicted for CPU kind {name} from its measured ceilings (the checkpoint was trained on {trained_on})"
+    if model.descriptor is not None and model.descriptor.kind == "cpu":
+        ratios = descriptor.ceiling_ratios(model.descriptor, stored[name])
+        rate, ratio = max(ratios.items(), key=lambda kv: abs(math.log(kv[1])))
+        if max(ratio, 1 / ratio) >= FAR_CEILINGS:
+            note += (f"; its {rate} rate is {ratio:.2g}x the training CPU's: the prior moved that far between "
+                     "CPU kinds was 32-226 % off in the hardware protocol (README *Protocol*), so treat this as "
+                     "a rough guess, or measure a profiled harvest pass on this CPU")
+    return chosen, note
+
+
+FAR_CEILINGS = 2.5
+"""A CPU kind whose ceilings differ from the checkpoint's training CPU by this factor or more on one rate
+gets a warning with its ``predict --cpu-kind`` answer. Set between the gaps measured on the three CPU
+kinds (2026-11-25): the two AMD kinds are 2.47x apart at most (bf16 GEMM) and their prior moved by the
+ceilings 21.7-24.2 % off; the Intel kind is 2.9x and 7.2x from them and 32.4-226 % off."""
 
 
 def _model_for(hardware: str, checkpoint: str | Path | None, analytic: bool = False):
