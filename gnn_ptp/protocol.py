@@ -8,7 +8,8 @@ retrains from scratch for every fold and scores every predictor on the same held
 - ``size``: train on the smaller half of the configurations by FLOPs, test on those at least 4x larger
   than the largest training one (size extrapolation; validation: 15 % of the training half, seeded).
 - ``hardware``: train on one hardware kind (by descriptor: a CPU model, a GPU kind), test on another,
-  every ordered pair; needs datasets of two kinds or more (several ``--data`` folders).
+  every ordered pair, and with three kinds or more also on all the other kinds together, testing on the
+  one left out (``--hardware-folds``); needs datasets of two kinds or more (several ``--data`` folders).
 
 Predictors: each GNN variant (``gnn``: the training config as given; ``gnn-prior``: the same predicting
 the log-ratio to the physical prior, with the hardware descriptor fed in), the ridge regression on graph
@@ -18,7 +19,7 @@ prior alone. A GPU's or a CPU's prior is fitted to that hardware's own profiled 
 every fold refits it to its training and validation configurations only (``PriorRefit``), before the
 residual GNN is trained over it, so that neither has seen a step of the configurations it is scored on.
 In the ``hardware`` protocol a kind only tested on is priced by the fold's fit moved by the measured
-ceilings (``descriptor.transfer``), or, where nothing in the fold can be refitted and the shipped prior has
+ceilings (``descriptor.transfer``; of several training kinds, the one with the nearest ceilings), or, where nothing in the fold can be refitted and the shipped prior has
 seen the test kind's steps, by curves fitted to kernel timings alone (``FALLBACK_SECTION``). Every MAPE comes with a bootstrap
 95 % interval (families and configurations resampled) and the label noise floor of the same
 configurations: the error a perfect predictor of the true mean would show against labels that average n
