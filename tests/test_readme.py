@@ -130,14 +130,18 @@ NOT_IN_CI = {
     "python benchmarks/gpu_agreement.py --device cpu --small": ("benchmark: runs real steps (minutes)", "none"),
     "python benchmarks/trace.py": ("benchmark: timings in fresh processes (minutes)", "none"),
     "python benchmarks/ddp_gloo.py": ("benchmark: predicts 52 DDP records (minutes)", "none"),
-    "gnn-ptp evaluate --protocol hardware --data datasets/cpu datasets/cpu-amd-epyc-family-26-model-2 --config "
-    "training/protocol_cpu.toml --seeds 0,1 --json": ("trains 8 GNNs on 399 configurations each (5 minutes); "
-                                                     "tests/test_protocol.py runs the protocol on synthetic kinds",
-                                                     "parse"),
+    "gnn-ptp evaluate --protocol hardware --data datasets/cpu datasets/cpu-amd-epyc-family-26-model-2 "
+    "datasets/cpu-intel-r-xeon-r-processor-family-6-model-167 --config training/protocol_cpu.toml --seeds 0,1 "
+    "--variants gnn-prior --jobs 2 --threads 1 --json": ("trains 18 GNNs on 399-798 configurations each (an "
+                                                         "hour); tests/test_protocol.py runs the protocol on "
+                                                         "synthetic kinds", "parse"),
     "python benchmarks/fsdp_gloo.py": ("benchmark: the FSDP schedule against 52 gloo FSDP2 records", "none"),
     "python benchmarks/fsdp_gloo.py --data datasets/cpu-amd-epyc-family-26-model-2 --interconnect "
     "gnn_ptp/interconnects/cpu-gloo-amd-epyc-family-26-model-2.json": (
         "benchmark: the same on the second CPU kind's 52 configurations, with its own profile", "none"),
+    "python benchmarks/fsdp_gloo.py --data datasets/cpu-intel-r-xeon-r-processor-family-6-model-167 --interconnect "
+    "gnn_ptp/interconnects/cpu-gloo-intel-r-xeon-r-processor-family-6-model-167.json": (
+        "benchmark: the same on the third CPU kind's 52 configurations, with its own profile", "none"),
     "gnn-ptp calibrate-comm --out gnn_ptp/interconnects/cpu-gloo.json --procs 2,4 --collectives "
     "all_gather,reduce_scatter --fsdp": ("measures gloo collectives and FSDP2 steps for a minute and rewrites "
                                          "the shipped profile; test_fsdp.py calibrates a small range", "parse"),
