@@ -19,10 +19,10 @@ prior alone. A GPU's or a CPU's prior is fitted to that hardware's own profiled 
 every fold refits it to its training and validation configurations only (``PriorRefit``), before the
 residual GNN is trained over it, so that neither has seen a step of the configurations it is scored on.
 In the ``hardware`` protocol a kind only tested on is priced by the fold's fit moved by the measured
-ceilings (``descriptor.transfer``; of several training kinds, the one with the nearest ceilings), or, where nothing in the fold can be refitted and the shipped prior has
-seen the test kind's steps, by curves fitted to kernel timings alone (``FALLBACK_SECTION``). Every MAPE comes with a bootstrap
-95 % interval (families and configurations resampled) and the label noise floor of the same
-configurations: the error a perfect predictor of the true mean would show against labels that average n
+ceilings (``descriptor.transfer``; of several training kinds, the one with the nearest ceilings), or,
+where nothing in the fold can be refitted and the shipped prior has seen the test kind's steps, by curves
+fitted to kernel timings alone (``FALLBACK_SECTION``). Every MAPE comes with a bootstrap 95 % interval
+(families and configurations resampled) and the label noise floor of the same configurations: the error a perfect predictor of the true mean would show against labels that average n
 noisy measurements, sqrt(2/pi) x the measurements' relative standard deviation / sqrt(n), that deviation
 pooled from the configurations measured more than once nearest in step time (``noise.py``), so the ones
 measured once count with their full noise.

@@ -385,11 +385,12 @@ def test_with_three_kinds_the_hardware_protocol_also_leaves_each_kind_out_of_the
 
 
 def test_the_hardware_protocol_s_folds_pairs_and_the_rest():
-    assert protocol.hardware_folds(["a", "b"]) == protocol.hardware_folds(["a", "b"], "rest") == [(("a",), "b"), (("b",), "a")]
+    folds = protocol.hardware_folds
+    assert folds(["a", "b"]) == folds(["a", "b"], "rest") == [(("a",), "b"), (("b",), "a")]
     three = ["a", "b", "c"]
-    assert len(protocol.hardware_folds(three, "pairs")) == 6
-    assert protocol.hardware_folds(three, "rest") == [(("b", "c"), "a"), (("a", "c"), "b"), (("a", "b"), "c")]
-    assert protocol.hardware_folds(three) == protocol.hardware_folds(three, "pairs") + protocol.hardware_folds(three, "rest")
+    assert len(folds(three, "pairs")) == 6
+    assert folds(three, "rest") == [(("b", "c"), "a"), (("a", "c"), "b"), (("a", "b"), "c")]
+    assert folds(three) == folds(three, "pairs") + folds(three, "rest")
     with pytest.raises(UserError, match="hardware folds 'rset': allowed: pairs, rest, all.*rest"):
         protocol.Budget(hardware_folds="rset")
     with pytest.raises(UserError, match="hardware transfer 'nearst': allowed: nearest, mean.*nearest"):
