@@ -22,10 +22,11 @@ In the ``hardware`` protocol a kind only tested on is priced by the fold's fit m
 ceilings (``descriptor.transfer``; of several training kinds, the one with the nearest ceilings), or,
 where nothing in the fold can be refitted and the shipped prior has seen the test kind's steps, by curves
 fitted to kernel timings alone (``FALLBACK_SECTION``). Every MAPE comes with a bootstrap 95 % interval
-(families and configurations resampled) and the label noise floor of the same configurations: the error a perfect predictor of the true mean would show against labels that average n
-noisy measurements, sqrt(2/pi) x the measurements' relative standard deviation / sqrt(n), that deviation
-pooled from the configurations measured more than once nearest in step time (``noise.py``), so the ones
-measured once count with their full noise.
+(families and configurations resampled) and the label noise floor of the same configurations: the error
+a perfect predictor of the true mean would show against labels that average n noisy measurements,
+sqrt(2/pi) x the measurements' relative standard deviation / sqrt(n), that deviation pooled from the
+configurations measured more than once nearest in step time (``noise.py``), so the ones measured once
+count with their full noise.
 
 Training many models takes time: ``--epochs``, ``--patience``, ``--families`` and ``--seeds`` set the
 budget, ``--jobs`` trains that many folds at once in forked processes (CI runs it all on synthetic data in
@@ -101,13 +102,11 @@ class Budget:
                             + (closest(unknown[0], VARIANTS) if unknown else ""))
         if not self.seeds:
             raise UserError("protocol needs at least one seed")
-        if self.hardware_folds not in HARDWARE_FOLDS:
-            raise UserError(f"protocol hardware folds {self.hardware_folds!r}: allowed: {', '.join(HARDWARE_FOLDS)}"
-                            + closest(str(self.hardware_folds), HARDWARE_FOLDS))
-        if self.hardware_transfer not in HARDWARE_TRANSFERS:
-            raise UserError(f"protocol hardware transfer {self.hardware_transfer!r}: allowed: "
-                            f"{', '.join(HARDWARE_TRANSFERS)}" + closest(str(self.hardware_transfer),
-                                                                         HARDWARE_TRANSFERS))
+        for name, allowed in (("hardware_folds", HARDWARE_FOLDS), ("hardware_transfer", HARDWARE_TRANSFERS)):
+            value = getattr(self, name)
+            if value not in allowed:
+                raise UserError(f"protocol {name.replace('_', ' ')} {value!r}: allowed: {', '.join(allowed)}"
+                                + closest(str(value), allowed))
         if not isinstance(self.jobs, int) or self.jobs < 1:
             raise UserError(f"protocol jobs = {self.jobs!r}: must be a positive integer")
 
