@@ -3,9 +3,10 @@
     flock /tmp/gnn-ptp-measure.lock taskset -c 1 python benchmarks/cpu_ceilings.py --threads 1 [--write]
 
 Prints GEMM throughput per dtype (the best of several sizes), the in-cache element-wise rate, copy
-bandwidth (bytes read + written per second) and the launch floor, measured by
-``gnn_ptp.descriptor.measure_cpu``; ``--write`` stores them as this CPU model's descriptor in
-``gnn_ptp/hardware_descriptors/`` (what a checkpoint with ``hardware_descriptor`` or
+bandwidth (bytes read + written per second), the launch floor and the seconds of the step-sized probe
+kernels (forward + backward at a training step's sizes, which move a prior between two kinds that both
+have them), measured by ``gnn_ptp.descriptor.measure_cpu``; ``--write`` stores them as this CPU model's
+descriptor in ``gnn_ptp/hardware_descriptors/`` (what a checkpoint with ``hardware_descriptor`` or
 ``target = "log_ratio_prior"`` reads for records of this CPU). These are machine facts, not training labels.
 Before the descriptor existed this script printed an element-wise add over 64 MiB (memory-bound) as the
 element-wise rate: the 2.6 GFLOP/s that ``gnn_ptp/hardware.py`` quotes for the prior's reference CPU.
@@ -30,6 +31,9 @@ def main() -> None:
     print(f"{'element-wise (in cache)':<28}{d.vector_flops_per_s / 1e9:>12.1f} GFLOP/s")
     print(f"{'copy (read + write)':<28}{d.memory_bandwidth_Bps / 1e9:>12.1f} GB/s")
     print(f"{'launch floor':<28}{d.launch_floor_s * 1e6:>12.2f} us")
+    for group, seconds in d.step_probe_s.items():
+        print(f"{'step probes, ' + group:<28}{sum(seconds.values()) * 1e3:>12.2f} ms ({len(seconds)} probes, "
+              f"forward + backward; {d.probe_suite})")
     if args.write:
         print(f"written to {descriptor.write(d)}", file=sys.stderr)
 

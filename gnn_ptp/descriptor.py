@@ -62,6 +62,12 @@ class Descriptor:
     """Whose calibrated efficiency curves (prior_calibration.json) price kernels below the peaks:
     "cpu" for CPUs, "h100" for GPUs (default by kind)."""
     extra: dict = field(default_factory=dict)
+    step_probe_s: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Seconds of the step-sized probe kernels (``measure_step_probes``: forward + backward of kernels of
+    training-step sizes), by group ("gemm fp32", "gemm bf16", "non-gemm fp32", "non-gemm bf16") and probe;
+    empty where not measured. Between two kinds measured with the same ``probe_suite`` they, not the peaks,
+    move a prior (``transfer_ratios``)."""
+    probe_suite: str = ""
 
     def __post_init__(self):
         if self.kind not in ("cpu", "gpu"):
@@ -137,18 +143,19 @@ class Descriptor:
 
 def transfer(profile, source: "Descriptor", target: "Descriptor"):
     """A prior fitted on ``source``'s hardware (``profile``: its curves at that hardware's rates) moved to
-    ``target``: every peak scaled by the target's measured rate over the source's, the launch floor and the
-    host costs by their dispatch floors (Python and the dispatcher run on the same core as that one-element
-    op). The curves, fractions of the peaks, are kept."""
+    ``target``: every peak scaled by ``transfer_ratios`` (the target's measured rate over the source's: the
+    step-sized probes where both kinds have them, else the ceilings), the launch floor and the host costs
+    by their dispatch floors (Python and the dispatcher run on the same core as that one-element op). The
+    curves, fractions of the peaks, are kept."""
     from dataclasses import replace
 
     hw = profile.hardware
-    rates = {d: hw.flops_per_s.get(d, hw.flops_per_s["fp32"]) * target.gemm_flops_per_s[d]
-             / source.gemm_flops_per_s[d] for d in GEMM_DTYPES}
+    ratio = transfer_ratios(source, target)
+    rates = {d: hw.flops_per_s.get(d, hw.flops_per_s["fp32"]) * ratio[d] for d in GEMM_DTYPES}
     moved = Hardware(target.name, target.description, rates,
-                     vector_flops_per_s=hw.vector_flops_per_s * target.vector_flops_per_s / source.vector_flops_per_s,
-                     memory_bandwidth_Bps=hw.memory_bandwidth_Bps * target.memory_bandwidth_Bps
-                     / source.memory_bandwidth_Bps, source=target.source, kind=target.kind)
+                     vector_flops_per_s=hw.vector_flops_per_s * ratio["vector"],
+                     memory_bandwidth_Bps=hw.memory_bandwidth_Bps * ratio["memory"],
+                     source=target.source, kind=target.kind)
     host = target.launch_floor_s / source.launch_floor_s
 
     def scaled(costs):
@@ -156,6 +163,48 @@ def transfer(profile, source: "Descriptor", target: "Descriptor"):
 
     return replace(profile, hardware=moved, launch_floor_s=profile.launch_floor_s * host,
                    host_issue_s=scaled(profile.host_issue_s), host_fixed_s=scaled(profile.host_fixed_s))
+
+
+PROBE_SUITE = "step-probes-1"  # bump when _probe_suite changes
+"""The version of ``measure_step_probes``' kernel set: probe seconds compare only within one suite."""
+PROBE_GROUPS = ("gemm fp32", "gemm bf16", "non-gemm fp32", "non-gemm bf16")
+
+
+def probes_shared(a: Descriptor, b: Descriptor) -> bool:
+    """Whether two descriptors carry the same probe suite, every group measured."""
+    return bool(a.probe_suite) and a.probe_suite == b.probe_suite and all(
+        a.step_probe_s.get(g) and b.step_probe_s.get(g) for g in PROBE_GROUPS)
+
+
+def probe_ratio(source: Descriptor, target: Descriptor, group: str) -> float:
+    """How much faster the target runs a probe group: the geometric mean over its probes of source
+    seconds / target seconds (every probe counts alike, small or large, as a step's kernels span
+    1e5-1e9 FLOPs)."""
+    src, tgt = source.step_probe_s[group], target.step_probe_s[group]
+    logs = [math.log(src[k] / tgt[k]) for k in sorted(set(src) & set(tgt)) if src[k] > 0 and tgt[k] > 0]
+    if not logs:
+        raise UserError(f"hardware descriptors {source.name!r} and {target.name!r}: no probe of {group!r} "
+                        "measured on both")
+    return math.exp(sum(logs) / len(logs))
+
+
+def transfer_ratios(source: Descriptor, target: Descriptor) -> dict[str, float]:
+    """How much faster the target runs each rate the prior prices with (target over source; keys: the GEMM
+    dtypes, "vector", "memory"). Where both kinds measured the same step-sized probes (CPUs,
+    ``measure_step_probes``) they set the fp32 (and tf32) and bf16 GEMM ratios and one non-GEMM ratio for
+    the element-wise rate and the bandwidth (the geometric mean of the fp32 and bf16 groups): kernels of a
+    training step's sizes, not the peaks of 512-2,048-square GEMMs, which on CPUs with matrix units (AMX)
+    say 7x where steps' GEMMs run ~1.2x (``benchmarks/transfer_sources.py``). Otherwise, and for fp16
+    always, the ratio of the measured or datasheet ceilings."""
+    out = {d: target.gemm_flops_per_s[d] / source.gemm_flops_per_s[d] for d in GEMM_DTYPES}
+    out["vector"] = target.vector_flops_per_s / source.vector_flops_per_s
+    out["memory"] = target.memory_bandwidth_Bps / source.memory_bandwidth_Bps
+    if probes_shared(source, target):
+        out["fp32"] = out["tf32"] = probe_ratio(source, target, "gemm fp32")
+        out["bf16"] = probe_ratio(source, target, "gemm bf16")
+        out["vector"] = out["memory"] = math.sqrt(probe_ratio(source, target, "non-gemm fp32")
+                                                  * probe_ratio(source, target, "non-gemm bf16"))
+    return out
 
 
 def ceiling_gap(a: Descriptor, b: Descriptor) -> float:
@@ -336,11 +385,12 @@ def cpu_model() -> str:
     return _cpu_kind() or _cpu_model() or "unknown CPU"
 
 
-def measure_cpu(threads: int = 1, sizes=(512, 1024, 2048), log=None) -> Descriptor:
+def measure_cpu(threads: int = 1, sizes=(512, 1024, 2048), log=None, probes: bool = True) -> Descriptor:
     """This CPU's ceilings with ``threads`` torch threads: the best GEMM rate per dtype over ``sizes``
     (fp32, bf16, fp16 (sizes up to 512 only: CPUs without fp16 GEMM units run it ~100x slower);
     tf32 = fp32), the in-cache element-wise rate, copy bandwidth of a 64 MiB array
-    (read + write) and the dispatch floor of a one-element add. About 20 s on one core."""
+    (read + write) and the dispatch floor of a one-element add; with ``probes`` the step-sized probes
+    too (``measure_step_probes``). About 25 s on one core."""
     log = log or (lambda msg: None)
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -368,10 +418,100 @@ def measure_cpu(threads: int = 1, sizes=(512, 1024, 2048), log=None) -> Descript
     from gnn_ptp.records import now_utc
 
     model = cpu_model()
+    step_probes = measure_step_probes(threads, log) if probes else {}
     return Descriptor(slug(model), "cpu", gemm, vector, bandwidth, floor, f"{model}, {threads} thread(s)",
                       f"measured by gnn_ptp.descriptor.measure_cpu, {threads} thread(s), torch "
                       f"{torch.__version__}, {now_utc()}", measured=True, curves="cpu",
-                      extra={"cpu_model": model, "threads": threads})
+                      extra={"cpu_model": model, "threads": threads}, step_probe_s=step_probes,
+                      probe_suite=PROBE_SUITE if probes else "")
+
+
+def with_step_probes(stored: Descriptor, threads: int = 1, log=None) -> Descriptor:
+    """``stored`` (this CPU's descriptor) with step-sized probes measured now, its ceilings kept as they
+    were measured (so results computed from them stay reproducible); the source says when each was."""
+    from dataclasses import replace
+
+    from gnn_ptp.records import now_utc
+
+    if stored.kind != "cpu" or stored.name != slug(cpu_model()):
+        raise UserError(f"hardware descriptor {stored.name!r} is not this CPU's ({slug(cpu_model())}): "
+                        "step probes are measured on the CPU they describe")
+    probes = measure_step_probes(threads, log)
+    source = stored.source.split("; step probes")[0]
+    return replace(stored, step_probe_s=probes, probe_suite=PROBE_SUITE,
+                   source=f"{source}; step probes ({PROBE_SUITE}) measured {threads} thread(s), torch "
+                          f"{torch.__version__}, {now_utc()}")
+
+
+def _probe_suite(dtype: torch.dtype) -> dict[str, dict[str, tuple]]:
+    """The step-sized probes of one dtype: per group, per probe name, (forward function, its inputs).
+    Kernels of the CPU grid's training steps (``training/grids/cpu.toml``), whose GEMM-like kernels
+    spread their time over 1e5-1e9 FLOPs each (most in convolutions of 1e5-1e7): transformer linears of
+    64-512 wide at 128-2,048 tokens, 3x3 convolutions from a 3-channel stem to 128 channels at 8-32
+    pixels, MobileNet-like depthwise ones, attention score matmuls; GELU, a scaled residual add, layer
+    norm and softmax on activations of the same sizes."""
+    import torch.nn.functional as F
+
+    g = torch.Generator().manual_seed(0)
+
+    def t(*shape):
+        return torch.randn(*shape, generator=g).to(dtype).requires_grad_(True)
+
+    def linear(tokens, n_in, n_out):
+        x, w = t(tokens, n_in), t(n_out, n_in)
+        return f"linear {tokens}x{n_in}x{n_out}", (lambda: F.linear(x, w), (x, w))
+
+    def conv(batch, c_in, c_out, pixels):
+        x, w = t(batch, c_in, pixels, pixels), t(c_out, c_in, 3, 3)
+        return f"conv3x3 {batch}x{c_in}x{c_out}x{pixels}", (lambda: F.conv2d(x, w, padding=1), (x, w))
+
+    def depthwise(batch, channels, pixels):
+        x, w = t(batch, channels, pixels, pixels), t(channels, 1, 3, 3)
+        return (f"depthwise3x3 {batch}x{channels}x{pixels}",
+                (lambda: F.conv2d(x, w, padding=1, groups=channels), (x, w)))
+
+    def scores(heads, tokens, width):
+        q, k = t(heads, tokens, width), t(heads, width, tokens)
+        return f"bmm {heads}x{tokens}x{width}", (lambda: torch.bmm(q, k), (q, k))
+
+    a, ln_w, ln_b, s, b = t(2048, 512), t(512), t(512), t(32, 128, 128), t(256, 128)
+    gemm = dict([linear(2048, 128, 512), linear(512, 128, 128), linear(128, 128, 128), linear(256, 64, 64),
+                 conv(4, 3, 64, 32), conv(2, 16, 16, 32), conv(2, 16, 16, 16), conv(8, 64, 64, 16),
+                 conv(2, 64, 64, 8), conv(8, 128, 128, 8), depthwise(2, 32, 16), depthwise(8, 96, 16),
+                 depthwise(16, 32, 32), scores(32, 128, 32), scores(8, 64, 32)])
+    other = {"gelu 2048x512": (lambda: F.gelu(a), (a,)), "scale-add 2048x512": (lambda: a * 1.5 + a, (a,)),
+             "layer_norm 2048x512": (lambda: F.layer_norm(a, (512,), ln_w, ln_b), (a, ln_w, ln_b)),
+             "softmax 32x128x128": (lambda: torch.softmax(s, -1), (s,)),
+             "gelu-add 256x128": (lambda: F.gelu(b) + b, (b,))}
+    return {"gemm": gemm, "non-gemm": other}
+
+
+def measure_step_probes(threads: int = 1, log=None, passes: int = 5) -> dict[str, dict[str, float]]:
+    """Seconds of each of ``_probe_suite``'s kernels, forward + backward (``torch.autograd.grad``, as a
+    training step runs them: eager, one kernel after another), by group ("gemm fp32", "gemm bf16",
+    "non-gemm fp32", "non-gemm bf16") and probe; each the best of ``passes`` passes over the whole suite
+    (a burst of load on a shared VM lands in one pass, not in every probe's rounds) of 3 rounds each.
+    About 8 s on one core."""
+    log = log or (lambda msg: None)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    out: dict[str, dict[str, float]] = {}
+    try:
+        suites = {name: _probe_suite(dtype) for dtype, name in ((torch.float32, "fp32"), (torch.bfloat16, "bf16"))}
+        for _ in range(passes):
+            for name, suite in suites.items():
+                for group, probes in suite.items():
+                    seconds = out.setdefault(f"{group} {name}", {})
+                    for probe, (forward, inputs) in probes.items():
+                        def step(forward=forward, inputs=inputs):
+                            y = forward()
+                            torch.autograd.grad(y, inputs, torch.ones_like(y))
+                        seconds[probe] = min(seconds.get(probe, math.inf), _best_s(step, repeat=3, min_s=0.01))
+        for group, seconds in out.items():
+            log(f"step probes {group}: {len(seconds)} probes, {sum(seconds.values()) * 1e3:.2f} ms")
+    finally:
+        torch.set_num_threads(previous)
+    return out
 
 
 def write(descriptor: Descriptor, folder: Path | None = None) -> Path:
@@ -392,11 +532,26 @@ def main(argv=None) -> int:
                                 description="Show the hardware descriptors, or measure this CPU's.")
     p.add_argument("--measure", action="store_true", help="measure this CPU (pin it: taskset -c N)")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--probes", action="store_true",
+                   help="measure only the step-sized probes and add them to this CPU's stored descriptor, "
+                        "keeping its ceilings (a kind measured before the probes existed)")
     p.add_argument("--write", action="store_true", help=f"store the measurement in {DESCRIPTOR_DIR}/")
     args = p.parse_args(argv)
-    if args.write and not args.measure:
-        print("python -m gnn_ptp.descriptor: error: --write needs --measure", file=sys.stderr)
+    if args.write and not (args.measure or args.probes):
+        print("python -m gnn_ptp.descriptor: error: --write needs --measure or --probes", file=sys.stderr)
         return 2
+    if args.probes:
+        name = slug(cpu_model())
+        stored = stored_cpus().get(name)
+        if stored is None:
+            print(f"python -m gnn_ptp.descriptor: error: --probes: no stored descriptor {name!r} for this CPU "
+                  f"in {DESCRIPTOR_DIR}/; measure it whole: --measure --write", file=sys.stderr)
+            return 2
+        d = with_step_probes(stored, args.threads, log=lambda m: print(m, file=sys.stderr))
+        print(json.dumps(d.to_dict(), indent=1))
+        if args.write:
+            print(f"written to {write(d)}", file=sys.stderr)
+        return 0
     if args.measure:
         d = measure_cpu(args.threads, log=lambda m: print(m, file=sys.stderr))
         print(json.dumps(d.to_dict(), indent=1))
@@ -404,12 +559,14 @@ def main(argv=None) -> int:
             print(f"written to {write(d)}", file=sys.stderr)
         return 0
     rows = [*GPU_DESCRIPTORS.values(), *stored_cpus().values()]
-    print(f"{'name':<12}{'kind':<5}{'fp32':>10}{'bf16':>10}{'vector':>10}{'GB/s':>9}{'floor us':>9}  source")
+    w = max(len(d.name) for d in rows) + 2
+    print(f"{'name':<{w}}{'kind':<5}{'fp32':>10}{'bf16':>10}{'vector':>10}{'GB/s':>9}{'floor us':>9}  "
+          f"{'step probes':<14}  source")
     for d in rows:
         rates = "".join(f"{r / 1e12:>9.3g}T" for r in (d.gemm_flops_per_s["fp32"], d.gemm_flops_per_s["bf16"],
                                                         d.vector_flops_per_s))
-        print(f"{d.name:<12}{d.kind:<5}{rates}{d.memory_bandwidth_Bps / 1e9:>9.1f}{d.launch_floor_s * 1e6:>9.2f}  "
-              f"{d.source}")
+        print(f"{d.name:<{w}}{d.kind:<5}{rates}{d.memory_bandwidth_Bps / 1e9:>9.1f}{d.launch_floor_s * 1e6:>9.2f}  "
+              f"{d.probe_suite or 'none':<14}  {d.source}")
     return 0
 
 

@@ -234,3 +234,60 @@ def test_the_ceiling_gap_is_the_largest_rate_ratio_a_transfer_crosses():
     slow_bf16 = Descriptor("x", "cpu", {**home.gemm_flops_per_s, "bf16": home.gemm_flops_per_s["bf16"] / 7},
                            home.vector_flops_per_s, home.memory_bandwidth_Bps, home.launch_floor_s)
     assert descriptor.ceiling_gap(home, slow_bf16) == pytest.approx(math.log10(7))
+
+
+def with_probes(d: Descriptor, seconds: dict[str, float], suite: str = descriptor.PROBE_SUITE) -> Descriptor:
+    """``d`` with SYNTHETIC step-probe seconds: every probe of a group the given seconds (two probes a group)."""
+    from dataclasses import replace
+
+    return replace(d, probe_suite=suite, step_probe_s={g: {"a": s, "b": s * 3} for g, s in seconds.items()})
+
+
+def test_step_probes_not_the_peaks_move_a_prior_where_both_kinds_measured_them():
+    """Two SYNTHETIC CPUs whose ceilings say 4x apart but whose step-sized probes say the target runs fp32
+    GEMMs 1.5x, bf16 GEMMs 1.2x faster and non-GEMM kernels 2x / 0.5x (geometric mean 1x): the probes set
+    the ratios a prior moves by; fp16 (no probe) keeps the ceilings'; a kind without probes, or of another
+    suite, falls back to the ceilings."""
+    fast, home = synthetic_cpu(4.0, "synthetic-fast-cpu"), synthetic_cpu(1.0, "synthetic-home-cpu")
+    src = with_probes(home, {"gemm fp32": 3e-3, "gemm bf16": 2.4e-3, "non-gemm fp32": 2e-3, "non-gemm bf16": 1e-3})
+    tgt = with_probes(fast, {"gemm fp32": 2e-3, "gemm bf16": 2e-3, "non-gemm fp32": 1e-3, "non-gemm bf16": 2e-3})
+    assert descriptor.probes_shared(src, tgt)
+    ratios = descriptor.transfer_ratios(src, tgt)
+    assert ratios["fp32"] == pytest.approx(1.5) and ratios["tf32"] == pytest.approx(1.5)
+    assert ratios["bf16"] == pytest.approx(1.2)
+    assert ratios["vector"] == pytest.approx(1.0) and ratios["memory"] == pytest.approx(1.0)
+    assert ratios["fp16"] == pytest.approx(4.0)
+    for other in (fast, with_probes(fast, {g: 1e-3 for g in descriptor.PROBE_GROUPS}, suite="step-probes-0")):
+        assert not descriptor.probes_shared(src, other)
+        assert descriptor.transfer_ratios(src, other) == pytest.approx(
+            {**{d: 4.0 for d in descriptor.GEMM_DTYPES}, "vector": 4.0, "memory": 4.0})
+    profile = prior.Profile(src.hardware(), launch_floor_s=src.launch_floor_s)
+    moved = descriptor.transfer(profile, src, tgt)
+    assert moved.hardware.flops_per_s["bf16"] == pytest.approx(src.gemm_flops_per_s["bf16"] * 1.2)
+    assert moved.hardware.memory_bandwidth_Bps == pytest.approx(src.memory_bandwidth_Bps)
+    assert descriptor.Descriptor.from_dict(json.loads(json.dumps(tgt.to_dict()))) == tgt
+
+
+def test_step_probes_are_measured_per_group_and_added_to_this_cpu_s_descriptor_keeping_its_ceilings(
+        monkeypatch, capsys, tmp_path):
+    probes = descriptor.measure_step_probes(threads=1, passes=1)
+    assert set(probes) == set(descriptor.PROBE_GROUPS)
+    assert probes["gemm fp32"].keys() == probes["gemm bf16"].keys() and len(probes["gemm fp32"]) >= 10
+    assert all(0 < s < 1 for group in probes.values() for s in group.values())
+
+    here = descriptor.slug(descriptor.cpu_model())
+    stored = Descriptor(here, "cpu", {d: 1e11 for d in descriptor.GEMM_DTYPES}, 1e10, 2e10, 2e-6,
+                        source="SYNTHETIC ceilings, measured 2026-01-01")
+    monkeypatch.setattr(descriptor, "measure_step_probes", lambda threads=1, log=None: probes)
+    added = descriptor.with_step_probes(stored)
+    assert added.gemm_flops_per_s == stored.gemm_flops_per_s and added.step_probe_s == probes
+    assert added.probe_suite == descriptor.PROBE_SUITE
+    assert added.source.startswith("SYNTHETIC ceilings, measured 2026-01-01; step probes (")
+    with pytest.raises(UserError, match="not this CPU's"):
+        descriptor.with_step_probes(synthetic_cpu(1.0))
+
+    monkeypatch.setattr(descriptor, "DESCRIPTOR_DIR", tmp_path)  # no stored descriptor for this CPU there
+    monkeypatch.setattr(descriptor, "stored_cpus", lambda folder=None: {})
+    assert descriptor.main(["--probes"]) == 2
+    err = capsys.readouterr().err
+    assert "--probes: no stored descriptor" in err and "--measure --write" in err

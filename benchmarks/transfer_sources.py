@@ -1,0 +1,122 @@
+"""Where a prior moved from one CPU kind to another goes wrong, kernel category by kernel category.
+
+    python benchmarks/transfer_sources.py --source datasets/cpu \\
+        --target datasets/cpu-intel-r-xeon-r-processor-family-6-model-167
+
+Both folders need per-op profiles of the same configurations (``collect --profile all``). For every kernel
+category and compute dtype (``matmul:bf16``, ``elementwise:fp32``, ...) it prints, over the configurations
+both kinds profiled and the kernels the profiles matched:
+
+- **share**: the category's part of the source kind's measured step time;
+- **measured target / source**: how much longer the category's kernels took on the target (sum over the
+  configurations, and the median of the per-configuration ratios);
+- **prior target / source**: what the source kind's prior, moved to the target by the descriptors
+  (``descriptor.transfer``), says that ratio is; with ``--section`` another calibration section's curves;
+- **ceilings' time ratio**: source rate / target rate of the descriptor rates that move it (the GEMM rate
+  of the dtype, or element-wise; the bandwidth beside it).
+
+It reads measured times of both kinds, so it explains the cross-hardware protocol's error; it is no score
+(``gnn-ptp evaluate --protocol hardware`` gives those, without any record of the test kind).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from gnn_ptp import dataset, descriptor, ops, prior, prior_fit  # noqa: E402
+from gnn_ptp.errors import UserError  # noqa: E402
+
+
+def category_sums(data: str, profile: prior.Profile) -> dict[str, dict[str, list[float]]]:
+    """Per configuration key: per "category:dtype", [measured s, prior s] over the profile-matched kernels,
+    and "(step)": [measured step s, prior's step s]."""
+    _, samples, node_seconds = prior_fit.load_profiled(data)
+    out = {}
+    for s in samples:
+        measured = prior_fit.measured_node_seconds(s, node_seconds[s.key]) if s.key in node_seconds else None
+        if measured is None:
+            continue
+        predicted = prior.node_seconds(s.x, s.x_cat, profile)
+        matched = ~torch.isnan(measured) & (measured > 0)
+        cells = defaultdict(lambda: [0.0, 0.0])
+        for i in torch.nonzero(matched).flatten().tolist():
+            cell = cells[f"{ops.CATEGORIES[int(s.x_cat[i, 1])]}:{ops.DTYPES[int(s.x_cat[i, 2])]}"]
+            cell[0] += float(measured[i])
+            cell[1] += float(predicted[i])
+        step = prior.graph_phase_ms(predicted, s.phase, profile, getattr(s, "grad_bytes", None)).sum() / 1e3
+        cells["(step)"] = [float(s.y[0, :3].double().exp().sum()) / 1e3, float(step)]
+        out[s.key] = dict(cells)
+    return out
+
+
+def rate_of(category: str, d: descriptor.Descriptor) -> tuple[str, float]:
+    """The descriptor rate the prior moves a category's kernels with (its GEMM dtype's, else element-wise)."""
+    name, dtype = category.split(":") if ":" in category else (category, "fp32")
+    if name in ops.TENSOR_CORE_CATEGORIES and dtype in d.gemm_flops_per_s:
+        return f"{dtype} GEMM", d.gemm_flops_per_s[dtype]
+    return "element-wise", d.vector_flops_per_s
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--source", default="datasets/cpu", help="dataset folder of the kind the prior comes from")
+    ap.add_argument("--target", required=True, help="dataset folder of the kind it is moved to")
+    ap.add_argument("--section", help="calibration section of the curves (default: the source kind's own)")
+    ap.add_argument("--min-share", type=float, default=0.5, help="leave out categories under this %% of the "
+                                                                    "source's step time (default 0.5)")
+    args = ap.parse_args(argv)
+    try:
+        kinds = [descriptor.for_env(dataset.measured_configs(d)[0].env) for d in (args.source, args.target)]
+    except IndexError:
+        raise UserError(f"--source {args.source} / --target {args.target}: a folder has no measured "
+                        "configurations") from None
+    src, tgt = kinds
+    section = args.section or src.curves_section()
+    sums = [category_sums(d, k.profile(section)) for d, k in zip((args.source, args.target), kinds)]
+    common = sorted(set(sums[0]) & set(sums[1]))
+    if not common:
+        raise UserError(f"--source {args.source} and --target {args.target} share no profiled configuration")
+    print(f"{src.name} -> {tgt.name}: {len(common)} configurations profiled on both; curves of section "
+          f"{section!r} (fitted on {descriptor.calibrated_descriptor(section).name})\n")
+    totals = defaultdict(lambda: np.zeros(4))  # measured src, measured tgt, prior src, prior tgt
+    ratios = defaultdict(list)
+    for key in common:
+        a, b = sums[0][key], sums[1][key]
+        for cat in set(a) & set(b):
+            if a[cat][0] > 0 and b[cat][0] > 0:
+                totals[cat] += (a[cat][0], b[cat][0], a[cat][1], b[cat][1])
+                ratios[cat].append(b[cat][0] / a[cat][0])
+    step = totals["(step)"][0]
+    print(f"{'category:dtype':<22}{'share':>7}{'measured tgt/src':>18}{'median':>8}{'prior tgt/src':>15}"
+          f"{'prior/measured':>16}   ceilings' time ratio tgt/src")
+    rows = sorted(totals.items(), key=lambda kv: (kv[0] != "(step)", -kv[1][0]))
+    for cat, (ms, mt, ps, pt) in rows:
+        share = ms / step * 100
+        if cat != "(step)" and share < args.min_share:
+            continue
+        measured, moved = mt / ms, pt / ps
+        if cat == "(step)":
+            rate = "all of them"
+        else:
+            (rname, rs), (_, rt) = rate_of(cat, src), rate_of(cat, tgt)
+            rate = f"{rname} {rs / rt:.2f} (time), bandwidth {src.memory_bandwidth_Bps / tgt.memory_bandwidth_Bps:.2f}"
+        print(f"{cat:<22}{share:>6.1f}%{measured:>18.2f}{np.median(ratios[cat]):>8.2f}{moved:>15.2f}"
+              f"{moved / measured:>16.2f}   {rate}")
+    print("\n(time ratios: above 1, the target kind is slower; the ceilings' ratio is the source's rate over the"
+          " target's, the time ratio that ceiling alone implies)")
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except UserError as e:
+        print(f"transfer_sources.py: error: {e}", file=sys.stderr)
+        sys.exit(2)
