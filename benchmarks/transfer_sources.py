@@ -72,12 +72,11 @@ def main(argv=None) -> int:
     ap.add_argument("--min-share", type=float, default=0.5, help="leave out categories under this %% of the "
                                                                     "source's step time (default 0.5)")
     args = ap.parse_args(argv)
-    try:
-        kinds = [descriptor.for_env(dataset.measured_configs(d)[0].env) for d in (args.source, args.target)]
-    except IndexError:
-        raise UserError(f"--source {args.source} / --target {args.target}: a folder has no measured "
-                        "configurations") from None
-    src, tgt = kinds
+    measured = [dataset.measured_configs(d) for d in (args.source, args.target)]  # refuses an empty folder
+    if not {m.key for m in measured[0]} & {m.key for m in measured[1]}:
+        raise UserError(f"--source {args.source} and --target {args.target} share no configuration (the "
+                        "same grid measured on two kinds is what this compares)")
+    src, tgt = kinds = [descriptor.for_env(configs[0].env) for configs in measured]
     section = args.section or src.curves_section()
     sums = [category_sums(d, k.profile(section)) for d, k in zip((args.source, args.target), kinds)]
     common = sorted(set(sums[0]) & set(sums[1]))

@@ -291,3 +291,20 @@ def test_step_probes_are_measured_per_group_and_added_to_this_cpu_s_descriptor_k
     assert descriptor.main(["--probes"]) == 2
     err = capsys.readouterr().err
     assert "--probes: no stored descriptor" in err and "--measure --write" in err
+
+
+def test_transfer_sources_refuses_folders_it_cannot_compare(tmp_path):
+    """benchmarks/transfer_sources.py compares the same grid profiled on two kinds: an empty folder, or two
+    folders with no configuration in common, get one line naming them (the script exits 2 on it)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "transfer_sources.py"
+    spec = importlib.util.spec_from_file_location("transfer_sources", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserError, match="no usable records .*empty"):
+        module.main(["--source", "datasets/cpu", "--target", str(tmp_path / "empty")])
+    with pytest.raises(UserError, match="share no configuration"):
+        module.main(["--source", "datasets/cpu", "--target", "datasets/h200-blind"])
