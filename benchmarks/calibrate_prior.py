@@ -303,7 +303,7 @@ def print_table(errors: dict) -> None:
 
 def fit_profiles(data: Path, fit_families: list[str], by_category: bool = True,
                  intensity: bool = True, vector_by_category: bool = True,
-                 memory_by_category: bool = True) -> tuple[dict, dict]:
+                 memory_by_category: bool = True, backward_curves: bool = False) -> tuple[dict, dict]:
     """Curves and host issue costs fitted to a GPU dataset's profiled kernels and timed steps of
     ``fit_families`` (gnn_ptp/prior_fit.py); errors on the kernels and steps of every other family."""
     from gnn_ptp import prior_fit
@@ -316,7 +316,8 @@ def fit_profiles(data: Path, fit_families: list[str], by_category: bool = True,
                          f"families need configurations (families here: {sorted({s.family for s in samples})})")
     rows_fit, rows_held = prior_fit.kernel_rows(fit_s, seconds), prior_fit.kernel_rows(held_s, seconds)
     fitted = prior_fit.fit_device(rows_fit, hw, by_category=by_category, intensity=intensity,
-                                  vector_by_category=vector_by_category, memory_by_category=memory_by_category)
+                                  vector_by_category=vector_by_category, memory_by_category=memory_by_category,
+                                  backward_curves=backward_curves)
     device_only = prior_fit.device_profile(hw, fitted)
     host, fixed, host_report = prior_fit.fit_host(fit_s, device_only)
     profile = prior_fit.device_profile(hw, fitted, host, fixed)
@@ -481,6 +482,10 @@ def main() -> None:
                     help="with --profiles: one bandwidth fraction for every kernel (the form before "
                          "2026-11-25's second session; default: each non-GEMM category and dtype with enough "
                          "kernels its own, memory_fraction)")
+    ap.add_argument("--backward-curves", action="store_true",
+                    help="with --profiles: backward convolutions and attention (one fused node each) on a curve of "
+                         "their own (tried on the CPU kinds 2026-11-25: DenseNet's left-out steps got worse; off "
+                         "by default)")
     ap.add_argument("--no-intensity", action="store_true",
                     help="with --profiles: curves by kernel size alone, without the arithmetic-intensity ramp")
     ap.add_argument("--neusight", type=Path, help="a checkout of github.com/sitfor/NeuSight (re-fits h100)")
@@ -501,7 +506,8 @@ def main() -> None:
     errors = {}
     if args.profiles:
         kw = {"by_category": not args.pooled_gemm, "intensity": not args.no_intensity,
-              "vector_by_category": not args.pooled_vector, "memory_by_category": not args.pooled_memory}
+              "vector_by_category": not args.pooled_vector, "memory_by_category": not args.pooled_memory,
+              "backward_curves": args.backward_curves}
         if args.lofo:
             section, e = fit_profiles_lofo(args.profiles, [f for f in args.hold_out.split(",") if f], **kw)
         else:

@@ -52,6 +52,13 @@ from gnn_ptp.profiles import PHASES
 CALIBRATION_FILE = Path(__file__).with_name("prior_calibration.json")
 TC_COLUMN = 13  # graph.py node features: tensor-core flag
 GEMM_CATEGORIES = tuple(ops.CATEGORIES.index(c) for c in ops.TENSOR_CORE_CATEGORIES)
+BACKWARD_PHASE = PHASES.index("backward")
+"""``x_cat[:, 3]`` of a backward kernel."""
+BACKWARD_CURVES = ("conv", "attention")
+"""GEMM-like categories whose backward is one fused node (``convolution_backward``, an attention's
+backward) running other kernels than the forward: where a calibration has a "<category>_backward:<dtype>"
+curve (``prior_fit.fit_device(backward_curves=True)``), their backward nodes use it."""
+BACKWARD_SUFFIX = "_backward"
 CURVES_OF = {"h200": "h100", "a100": "h100"}
 """Hardware without a calibration of its own borrows these curves (its own peak rates still apply)."""
 
@@ -154,10 +161,12 @@ class Profile:
         return replace(self.memory, peak_fraction=self.memory.peak_fraction if fraction is None else fraction,
                        half_size=self.memory.half_size if half is None else half)
 
-    def gemm_curve(self, dtype: str, category: str = "matmul") -> Curve:
-        """The curve of a GEMM-like kernel: its category's in its dtype, else the dtype's, else the
-        matmul's in that dtype, else "default", else the plain roofline."""
-        for key in (f"{category}:{dtype}", dtype, f"matmul:{dtype}", "default"):
+    def gemm_curve(self, dtype: str, category: str = "matmul", backward: bool = False) -> Curve:
+        """The curve of a GEMM-like kernel: for a fused backward one (``BACKWARD_CURVES``) its own
+        backward curve first; then its category's in its dtype, else the dtype's, else the matmul's in that
+        dtype, else "default", else the plain roofline."""
+        first = (f"{category}{BACKWARD_SUFFIX}:{dtype}",) if backward and category in BACKWARD_CURVES else ()
+        for key in (*first, f"{category}:{dtype}", dtype, f"matmul:{dtype}", "default"):
             if key in self.gemm:
                 return self.gemm[key]
         return Curve()
@@ -235,17 +244,19 @@ def node_seconds(x: torch.Tensor, x_cat: torch.Tensor, profile: Profile) -> torc
     for c in GEMM_CATEGORIES:
         gemm |= category == c
     tc = x[:, TC_COLUMN] > 0.5
+    backward = (x_cat[:, 3] == BACKWARD_PHASE) & gemm
     rate = torch.empty_like(flops)
     efficiency = torch.empty_like(flops)
     bandwidth = torch.empty_like(flops)
-    for (d, c, t, g) in set(zip(dtype.tolist(), category.tolist(), tc.tolist(), gemm.tolist())):
-        rows = (dtype == d) & (category == c) & (tc == t) & (gemm == g)
+    for (d, c, t, g, b) in set(zip(dtype.tolist(), category.tolist(), tc.tolist(), gemm.tolist(),
+                                   backward.tolist())):
+        rows = (dtype == d) & (category == c) & (tc == t) & (gemm == g) & (backward == b)
         name, cat = ops.DTYPES[d], ops.CATEGORIES[c]
         rate[rows] = hw.flops_rate(name, t, gemm=g)
         if not g and cat in profile.streaming:
             efficiency[rows] = float("inf")  # priced by its bytes alone
         else:
-            curve = profile.gemm_curve(name, cat) if g else profile.vector_curve(cat)
+            curve = profile.gemm_curve(name, cat, b) if g else profile.vector_curve(cat)
             efficiency[rows] = curve(flops[rows], intensity[rows])
         bandwidth[rows] = profile.memory_curve(cat, name)(moved[rows])
     compute_s = flops / (rate * efficiency)

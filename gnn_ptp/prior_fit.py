@@ -63,6 +63,8 @@ class KernelRows:
     """Per row, a number in [0, 1) fixed by its configuration key and node index (``row_draws``):
     ``subsample`` keeps the rows with the smallest, so which rows a fit sees does not depend on the order
     or company its configurations come in."""
+    backward: torch.Tensor | None = None
+    """Per row, whether the kernel runs in the backward phase (None: unknown, all forward)."""
 
     def __len__(self) -> int:
         return int(self.seconds.numel())
@@ -91,7 +93,7 @@ def measured_node_seconds(sample, per_profile: list[torch.Tensor]) -> torch.Tens
 def kernel_rows(samples: list, node_seconds: dict[str, list[torch.Tensor]]) -> KernelRows:
     """Rows of every node with a measured device time > 0 (``node_seconds``: per configuration key, one
     tensor of per-node seconds per profile, NaN where unmatched; profiles of a configuration averaged)."""
-    parts = {k: [] for k in ("flops", "moved", "dtype", "gemm", "tc", "cat", "family", "s", "draw")}
+    parts = {k: [] for k in ("flops", "moved", "dtype", "gemm", "tc", "cat", "family", "s", "draw", "bwd")}
     gemm_ids = torch.tensor([ops.CATEGORIES.index(c) for c in ops.TENSOR_CORE_CATEGORIES])
     for s in samples:
         per_profile = node_seconds.get(s.key)
@@ -113,11 +115,12 @@ def kernel_rows(samples: list, node_seconds: dict[str, list[torch.Tensor]]) -> K
         parts["family"] += [s.family] * int(keep.sum())
         parts["s"].append(measured[keep].double())
         parts["draw"].append(row_draws(s.key, keep.numel())[keep])
+        parts["bwd"].append(x_cat[:, 3] == prior.BACKWARD_PHASE)
     if not parts["s"]:
         raise ValueError("no profiled node with a measured device time")
     return KernelRows(torch.cat(parts["flops"]), torch.cat(parts["moved"]), parts["dtype"],
                       torch.cat(parts["gemm"]), torch.cat(parts["tc"]), parts["cat"], parts["family"],
-                      torch.cat(parts["s"]), torch.cat(parts["draw"]))
+                      torch.cat(parts["s"]), torch.cat(parts["draw"]), torch.cat(parts["bwd"]))
 
 
 def row_draws(key: str, n: int) -> torch.Tensor:
@@ -150,14 +153,37 @@ def _intensity(rows: KernelRows) -> torch.Tensor:
     return rows.flops / (rows.moved + 1.0)  # as prior.node_seconds computes it
 
 
-def _groups(rows: KernelRows, by_category: bool = True, vector_by_category: bool = False) -> list[str]:
+def _groups(rows: KernelRows, by_category: bool = True, vector_by_category: bool = False,
+            backward_curves: bool = False) -> list[str]:
     """The curve each row's compute time uses: "<category>:<dtype>" (or its dtype alone) for GEMM-like
-    kernels, "vector" otherwise, or with ``vector_by_category`` "vector:<category>" (the vector curve at
-    the category's own peak fraction)."""
+    kernels, with ``backward_curves`` "<category>_backward:<dtype>" for a fused backward kernel
+    (``prior.BACKWARD_CURVES``: a convolution's or attention's backward is one node that runs other
+    kernels than its forward), "vector" otherwise, or with ``vector_by_category`` "vector:<category>" (the
+    vector curve at the category's own peak fraction)."""
     def vector(c):
         return VECTOR_GROUP + c if vector_by_category else "vector"
-    return [("vector" if d not in GEMM_DTYPES else f"{c}:{d}" if by_category else d) if g else vector(c)
-            for d, g, c in zip(rows.dtype, rows.gemm.tolist(), rows.category)]
+    backward = rows.backward.tolist() if backward_curves and rows.backward is not None else [False] * len(rows)
+
+    def gemm(c, d, b):
+        if d not in GEMM_DTYPES:
+            return "vector"
+        if not by_category:
+            return d
+        return f"{c}{prior.BACKWARD_SUFFIX}:{d}" if b and c in prior.BACKWARD_CURVES else f"{c}:{d}"
+    return [gemm(c, d, b) if g else vector(c)
+            for d, g, c, b in zip(rows.dtype, rows.gemm.tolist(), rows.category, backward)]
+
+
+def _fallback(group: str, counts: Counter) -> str:
+    """The group a curve with fewer than ``MIN_GROUP_ROWS`` kernels is fitted with: a backward kernel's
+    forward curve where that one has enough (as ``prior.Profile.gemm_curve`` looks it up), else the
+    dtype's pooled curve; a non-GEMM category's, the vector curve."""
+    if _vector_category(group) is not None:
+        return "vector"
+    forward = group.replace(prior.BACKWARD_SUFFIX + ":", ":")
+    if forward != group and counts[forward] >= MIN_GROUP_ROWS:
+        return forward
+    return group.split(":")[1]
 
 
 VECTOR_GROUP = "vector:"
@@ -253,7 +279,7 @@ curve the pooled one, which the categories without a fraction of their own use."
 
 def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: bool = True,
                intensity: bool = True, vector_by_category: bool = True, memory_by_category: bool = True,
-               streaming: tuple[str, ...] | None = None) -> dict:
+               streaming: tuple[str, ...] | None = None, backward_curves: bool = False) -> dict:
     """Curves (``prior.Curve`` dicts) for GEMM-like kernels per category and dtype (``by_category``; else
     per dtype), other compute ("vector"), memory traffic, and the device floor in seconds, fitted to
     ``rows``. With ``intensity`` the compute curves also ramp with arithmetic intensity; with
@@ -261,13 +287,16 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
     vector curve (``vector_fraction``); with ``memory_by_category`` each non-GEMM (category, dtype) with
     enough kernels its own peak fraction and half size of the memory curve (``memory_fraction``,
     ``memory_half_size``). ``streaming`` categories are priced by their bytes alone (``prior.Profile.streaming``;
-    default: the optimizer's on a GPU with ``memory_by_category``, none otherwise)."""
+    default: the optimizer's on a GPU with ``memory_by_category``, none otherwise). With ``backward_curves``
+    a fused backward kernel of ``prior.BACKWARD_CURVES`` gets its own curve: tried on the CPU kinds
+    (2026-11-25), where one convolution curve priced forward convolutions 1.7x too slow at every reduction
+    depth, it made DenseNet's left-out steps worse (73 -> 86 % on the Intel kind, 60 -> 75 % on the second
+    AMD kind), so it is off by default (README, *The CPU prior*)."""
     if streaming is None:
         streaming = STREAMING if memory_by_category and hw.kind != "cpu" else ()
-    groups = _groups(rows, by_category, vector_by_category)
+    groups = _groups(rows, by_category, vector_by_category, backward_curves)
     counts = Counter(groups)
-    groups = [("vector" if _vector_category(g) is not None else g.split(":")[1])
-              if ":" in g and counts[g] < MIN_GROUP_ROWS else g for g in groups]
+    groups = [_fallback(g, counts) if ":" in g and counts[g] < MIN_GROUP_ROWS else g for g in groups]
     rates = _rates(rows, hw)
     streams = torch.tensor([c in streaming and not g for c, g in zip(rows.category, rows.gemm.tolist())])
     masks = {n: m & ~streams for n, m in _masks(groups).items()}
@@ -363,13 +392,15 @@ def _prior_seconds(rows: KernelRows, profile: prior.Profile) -> torch.Tensor:
     rates = _rates(rows, hw)
     eff = torch.empty_like(rows.seconds)
     intensity = _intensity(rows)
-    for name, m in _masks(_groups(rows, vector_by_category=True)).items():
+    for name, m in _masks(_groups(rows, vector_by_category=True, backward_curves=True)).items():
         category = _vector_category(name)
         if category is not None:
             curve = profile.vector_curve(category)
         else:
             category, dtype = name.split(":")
-            curve = profile.gemm_curve(dtype, category)
+            backward = category.endswith(prior.BACKWARD_SUFFIX)
+            category = category.removesuffix(prior.BACKWARD_SUFFIX)
+            curve = profile.gemm_curve(dtype, category, backward)
         streams = _vector_category(name) is not None and category in profile.streaming
         eff[m] = float("inf") if streams else curve(rows.flops[m], intensity[m])  # streaming: bytes alone
     compute = rows.flops / (rates * eff)
@@ -490,7 +521,7 @@ def subsample(rows: KernelRows, limit: int, seed: int = 0) -> KernelRows:
     pick = keep.tolist()
     return KernelRows(rows.flops[keep], rows.moved[keep], [rows.dtype[i] for i in pick], rows.gemm[keep],
                       rows.tensor_core[keep], [rows.category[i] for i in pick], [rows.family[i] for i in pick],
-                      rows.seconds[keep], draw[keep])
+                      rows.seconds[keep], draw[keep], rows.backward[keep] if rows.backward is not None else None)
 
 
 def fit(samples: list, node_seconds: dict, hw: Hardware, max_rows: int | None = None, **device_kw):

@@ -434,3 +434,46 @@ def test_a_fold_whose_shipped_prior_has_seen_the_test_steps_falls_back_to_kernel
                               "phase": parts["test"][0].phase, "grad_bytes": None},
                              kinds["amd-epyc"].profile("microbench-cpu"))
     torch.testing.assert_close(parts["test"][0].prior_log_ms, want)
+
+
+def test_a_fused_backward_kernel_gets_its_own_curve_where_it_runs_another_rate():
+    """SYNTHETIC convolutions on a CPU: backward ones (one fused node) at a third of the forward's rate per
+    FLOP. One convolution curve (the default) must price both at a compromise; with ``backward_curves``
+    each gets its own, which ``prior.node_seconds`` then prices backward nodes with."""
+    cpu = HARDWARE["cpu"]
+    g = torch.Generator().manual_seed(5)
+    n = 2000
+    backward = torch.rand(n, generator=g) < 0.5
+    flops = 10 ** (6 + 3 * torch.rand(n, generator=g, dtype=torch.float64))
+    moved = flops / 20
+    rows = prior_fit.KernelRows(flops, moved, ["fp32"] * n, torch.ones(n, dtype=torch.bool),
+                                torch.zeros(n, dtype=torch.bool), ["conv"] * n, ["synthetic"] * n,
+                                torch.zeros(n, dtype=torch.float64), None, backward)
+    noise = torch.exp(0.03 * torch.randn(n, generator=g, dtype=torch.float64))
+    rows.seconds = flops / (cpu.flops_rate("fp32", False, gemm=True) * torch.where(backward, 0.2, 0.6)) * noise
+    one = prior_fit.device_profile(cpu, prior_fit.fit_device(rows, cpu, steps=800))
+    own = prior_fit.fit_device(rows, cpu, steps=800, backward_curves=True)
+    assert "conv_backward:fp32" in own["gemm"] and "conv:fp32" in own["gemm"]
+    own = prior_fit.device_profile(cpu, own)
+    assert prior_fit.kernel_errors(rows, own)["all"]["median_ape"] < 5
+    assert prior_fit.kernel_errors(rows, one)["all"]["median_ape"] > 20
+
+    # prior.node_seconds: the same node in the backward phase takes the backward curve
+    x = torch.zeros(2, NODE_FEATURES)
+    x[:, 0], x[:, 1] = math.log2(1 + 1e8), math.log2(1 + 5e6)
+    x_cat = torch.tensor([[0, ops.CATEGORIES.index("conv"), ops.DTYPE_ID["fp32"], phase] for phase in (0, 1)])
+    fwd, bwd = prior.node_seconds(x, x_cat, own).tolist()
+    assert bwd / fwd == pytest.approx(3.0, rel=0.1)
+    fwd, bwd = prior.node_seconds(x, x_cat, one).tolist()
+    assert bwd == pytest.approx(fwd)  # no backward curve: the forward's
+
+
+def test_a_backward_curve_with_few_kernels_is_fitted_as_its_forward_s():
+    """Fewer than MIN_GROUP_ROWS backward kernels of a category: they join their forward curve (the one
+    ``Profile.gemm_curve`` falls back to), not the dtype's pooled curve."""
+    from collections import Counter
+
+    counts = Counter({"conv:bf16": 500, "conv_backward:bf16": 3, "attention_backward:fp32": 2})
+    assert prior_fit._fallback("conv_backward:bf16", counts) == "conv:bf16"
+    assert prior_fit._fallback("attention_backward:fp32", counts) == "fp32"
+    assert prior_fit._fallback("matmul:bf16", counts) == "bf16"
