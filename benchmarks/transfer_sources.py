@@ -12,8 +12,9 @@ both kinds profiled and the kernels the profiles matched:
   configurations, and the median of the per-configuration ratios);
 - **prior target / source**: what the source kind's prior, moved to the target by the descriptors
   (``descriptor.transfer``), says that ratio is; with ``--section`` another calibration section's curves;
-- **ceilings' time ratio**: source rate / target rate of the descriptor rates that move it (the GEMM rate
-  of the dtype, or element-wise; the bandwidth beside it).
+- **rates' time ratio**: source rate / target rate of the rate that moves it (``descriptor.transfer_ratios``:
+  the GEMM rate of the dtype, or element-wise; the bandwidth beside it; the ceilings, or the step probes
+  where both kinds have them).
 
 It reads measured times of both kinds, so it explains the cross-hardware protocol's error; it is no score
 (``gnn-ptp evaluate --protocol hardware`` gives those, without any record of the test kind).
@@ -56,14 +57,6 @@ def category_sums(data: str, profile: prior.Profile) -> dict[str, dict[str, list
     return out
 
 
-def rate_of(category: str, d: descriptor.Descriptor) -> tuple[str, float]:
-    """The descriptor rate the prior moves a category's kernels with (its GEMM dtype's, else element-wise)."""
-    name, dtype = category.split(":") if ":" in category else (category, "fp32")
-    if name in ops.TENSOR_CORE_CATEGORIES and dtype in d.gemm_flops_per_s:
-        return f"{dtype} GEMM", d.gemm_flops_per_s[dtype]
-    return "element-wise", d.vector_flops_per_s
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--source", default="datasets/cpu", help="dataset folder of the kind the prior comes from")
@@ -86,6 +79,7 @@ def main(argv=None) -> int:
           f"{section!r} (fitted on {descriptor.calibrated_descriptor(section).name})\n")
     totals = defaultdict(lambda: np.zeros(4))  # measured src, measured tgt, prior src, prior tgt
     ratios = defaultdict(list)
+    moves = descriptor.transfer_ratios(src, tgt)  # target over source, what the prior is moved by
     for key in common:
         a, b = sums[0][key], sums[1][key]
         for cat in set(a) & set(b):
@@ -94,7 +88,7 @@ def main(argv=None) -> int:
                 ratios[cat].append(b[cat][0] / a[cat][0])
     step = totals["(step)"][0]
     print(f"{'category:dtype':<22}{'share':>7}{'measured tgt/src':>18}{'median':>8}{'prior tgt/src':>15}"
-          f"{'prior/measured':>16}   ceilings' time ratio tgt/src")
+          f"{'prior/measured':>16}   rates' time ratio tgt/src")
     rows = sorted(totals.items(), key=lambda kv: (kv[0] != "(step)", -kv[1][0]))
     for cat, (ms, mt, ps, pt) in rows:
         share = ms / step * 100
@@ -104,12 +98,15 @@ def main(argv=None) -> int:
         if cat == "(step)":
             rate = "all of them"
         else:
-            (rname, rs), (_, rt) = rate_of(cat, src), rate_of(cat, tgt)
-            rate = f"{rname} {rs / rt:.2f} (time), bandwidth {src.memory_bandwidth_Bps / tgt.memory_bandwidth_Bps:.2f}"
+            name, dtype = cat.split(":")
+            gemm = name in ops.TENSOR_CORE_CATEGORIES and dtype in moves
+            rate = (f"{dtype} GEMM" if gemm else "element-wise") + f" {1 / moves[dtype if gemm else 'vector']:.2f}"
+            rate += f" (time), bandwidth {1 / moves['memory']:.2f}"
         print(f"{cat:<22}{share:>6.1f}%{measured:>18.2f}{np.median(ratios[cat]):>8.2f}{moved:>15.2f}"
               f"{moved / measured:>16.2f}   {rate}")
-    print("\n(time ratios: above 1, the target kind is slower; the ceilings' ratio is the source's rate over the"
-          " target's, the time ratio that ceiling alone implies)")
+    print("\n(time ratios: above 1, the target kind is slower; the rates' ratio is the time ratio the rate that moves"
+          " the prior alone implies: descriptor.transfer_ratios, the ceilings or, where both kinds have them, the"
+          " step probes)")
     return 0
 
 

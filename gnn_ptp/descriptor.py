@@ -211,7 +211,12 @@ def ceiling_gap(a: Descriptor, b: Descriptor) -> float:
     """How far apart two hardware kinds' ceilings are: the largest |log10| ratio of their rates (the GEMM
     rates a training step of their kind uses: fp32 and bf16 on a CPU, every dtype on a GPU; element-wise,
     bandwidth and launch floor). A prior moved by ``transfer`` across a larger gap extrapolates further."""
-    return max(abs(math.log10(r)) for r in ceiling_ratios(a, b).values())
+    return abs(math.log10(widest_ceiling(a, b)[1]))
+
+
+def widest_ceiling(a: Descriptor, b: Descriptor) -> tuple[str, float]:
+    """The rate of ``ceiling_ratios`` on which ``b`` is furthest from ``a``: (its name, ``b`` over ``a``)."""
+    return max(ceiling_ratios(a, b).items(), key=lambda kv: abs(math.log(kv[1])))
 
 
 def ceiling_ratios(a: Descriptor, b: Descriptor) -> dict[str, float]:

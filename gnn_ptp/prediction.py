@@ -638,8 +638,7 @@ def _for_cpu_kind(model, meta: dict, ckpt_path, cpu_kind: str):
     trained_on = model.descriptor.name if model.descriptor is not None else "?"
     note = f"predicted for CPU kind {name} from its measured ceilings (the checkpoint was trained on {trained_on})"
     if model.descriptor is not None and model.descriptor.kind == "cpu":
-        ratios = descriptor.ceiling_ratios(model.descriptor, stored[name])
-        rate, ratio = max(ratios.items(), key=lambda kv: abs(math.log(kv[1])))
+        rate, ratio = descriptor.widest_ceiling(model.descriptor, stored[name])
         if max(ratio, 1 / ratio) >= FAR_CEILINGS:
             note += (f"; its {rate} rate is {ratio:.2g}x the training CPU's: the prior moved that far between "
                      "CPU kinds was 32-226 % off in the hardware protocol (README *Protocol*), so treat this as "

@@ -245,6 +245,8 @@ def node_seconds(x: torch.Tensor, x_cat: torch.Tensor, profile: Profile) -> torc
         gemm |= category == c
     tc = x[:, TC_COLUMN] > 0.5
     backward = (x_cat[:, 3] == BACKWARD_PHASE) & gemm
+    if not any(BACKWARD_SUFFIX in key for key in profile.gemm):  # no backward curve: one group each
+        backward = torch.zeros_like(backward)
     rate = torch.empty_like(flops)
     efficiency = torch.empty_like(flops)
     bandwidth = torch.empty_like(flops)
