@@ -377,6 +377,19 @@ def fit_profiles_lofo(data: Path, hold_out: list[str] = (), **device_kw) -> tupl
     return _section(hw, env, source, summary, by_class, fitted, profile, families, errors), errors
 
 
+def fresh_of(data: Path) -> dict | None:
+    """The measured fresh-allocation cost of the hardware a dataset folder was measured on (its
+    descriptor's ``fresh``), or None (a GPU, or a CPU kind not measured for it)."""
+    from gnn_ptp import descriptor
+
+    env = _first_env(data)
+    if env.get("hardware", "cpu") != "cpu":
+        return None
+    fresh = descriptor.for_env(env).fresh()
+    print(f"fresh allocations: {'none measured for this kind' if fresh is None else fresh}")
+    return fresh
+
+
 def _first_env(data: Path) -> dict:
     from gnn_ptp import records
 
@@ -411,6 +424,8 @@ def _section(hw, env: dict, source: str, summary: str, by_class: str, fitted: di
             "gemm": fitted["gemm"], "vector": fitted["vector"], "memory": fitted["memory"],
             **({"vector_fraction": fitted["vector_fraction"]} if fitted.get("vector_fraction") else {}),
             **({k: fitted[k] for k in ("memory_fraction", "memory_half_size", "streaming") if fitted.get(k)}),
+            **({"fresh_threshold_bytes": fitted["fresh"]["threshold_bytes"],
+                "fresh_s_per_byte": fitted["fresh"]["s_per_byte"]} if fitted.get("fresh") else {}),
             "launch_floor_s": fitted["device_floor_s"], "host_issue_s": host,
             "host_fixed_s": list(profile.host_fixed_s), "fit_families": fit_families, "errors": errors}
 
@@ -486,6 +501,10 @@ def main() -> None:
                     help="with --profiles: backward convolutions and attention (one fused node each) on a curve of "
                          "their own (tried on the CPU kinds 2026-11-25: DenseNet's left-out steps got worse; off "
                          "by default)")
+    ap.add_argument("--no-fresh", action="store_true",
+                    help="with --profiles: leave out the CPU kind's measured fresh-allocation cost (page faults of "
+                         "outputs above the mmap threshold, python -m gnn_ptp.descriptor --fresh): the form "
+                         "before 2026-11-25's ninth session")
     ap.add_argument("--no-intensity", action="store_true",
                     help="with --profiles: curves by kernel size alone, without the arithmetic-intensity ramp")
     ap.add_argument("--neusight", type=Path, help="a checkout of github.com/sitfor/NeuSight (re-fits h100)")
@@ -507,7 +526,8 @@ def main() -> None:
     if args.profiles:
         kw = {"by_category": not args.pooled_gemm, "intensity": not args.no_intensity,
               "vector_by_category": not args.pooled_vector, "memory_by_category": not args.pooled_memory,
-              "backward_curves": args.backward_curves}
+              "backward_curves": args.backward_curves,
+              "fresh": None if args.no_fresh else fresh_of(args.profiles)}
         if args.lofo:
             section, e = fit_profiles_lofo(args.profiles, [f for f in args.hold_out.split(",") if f], **kw)
         else:
@@ -519,7 +539,7 @@ def main() -> None:
             table["microbench-cpu"] = table["cpu"]  # the microbenchmark fit (--cpu), kept for comparison
         table[name] = section
         shown = ("gemm", "vector", "vector_fraction", "memory", "memory_fraction", "memory_half_size", "streaming",
-                 "launch_floor_s", "host_issue_s", "host_fixed_s")
+                 "launch_floor_s", "host_issue_s", "host_fixed_s", "fresh_threshold_bytes", "fresh_s_per_byte")
         print(f"{name}:", json.dumps({k: section[k] for k in shown if k in section}, indent=1))
         print_lofo(e) if args.lofo else print_profile_errors(e)
     if args.neusight:

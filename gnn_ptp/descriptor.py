@@ -68,6 +68,12 @@ class Descriptor:
     empty where not measured. Between two kinds measured with the same ``probe_suite`` they, not the peaks,
     move a prior (``transfer_ratios``)."""
     probe_suite: str = ""
+    fresh_alloc: dict = field(default_factory=dict)
+    """What a fresh allocation costs this CPU beyond writing it (``measure_fresh_alloc``: one process, one
+    thread): ``threshold_bytes`` (the allocator's mmap threshold; above it every allocation is mapped from
+    the operating system and page-faulted in as it is first written), ``ms_per_MiB`` above it, ``source``;
+    empty where not measured (a GPU: its caching allocator reuses memory). Priced per kernel by a prior
+    fitted with it (``prior.Profile.fresh_s_per_byte``)."""
 
     def __post_init__(self):
         if self.kind not in ("cpu", "gpu"):
@@ -130,6 +136,14 @@ class Descriptor:
             return None
         return slug(d["cpu_model"]) if d.get("cpu_model") else d.get("fitted_on") or None
 
+    def fresh(self) -> dict | None:
+        """``fresh_alloc`` as a prior fit takes it (``{"threshold_bytes", "s_per_byte"}``), or None where
+        nothing was measured or nothing was costly (no threshold)."""
+        f = self.fresh_alloc
+        if not f or f.get("threshold_bytes") is None or not f.get("ms_per_MiB", 0) > 0:
+            return None
+        return {"threshold_bytes": float(f["threshold_bytes"]), "s_per_byte": float(f["ms_per_MiB"]) * 1e-3 / 2 ** 20}
+
     def to_dict(self) -> dict:
         return asdict(self)
 
@@ -146,7 +160,9 @@ def transfer(profile, source: "Descriptor", target: "Descriptor"):
     ``target``: every peak scaled by ``transfer_ratios`` (the target's measured rate over the source's: the
     step-sized probes where both kinds have them, else the ceilings), the launch floor and the host costs
     by their dispatch floors (Python and the dispatcher run on the same core as that one-element op). The
-    curves, fractions of the peaks, are kept."""
+    curves, fractions of the peaks, are kept. A prior fitted with a fresh-allocation cost
+    (``prior.Profile.fresh_s_per_byte``) takes the target's measured one, or none where the target has no
+    measurement (a cost is not moved between kinds: it is the operating system's and allocator's)."""
     from dataclasses import replace
 
     hw = profile.hardware
@@ -161,8 +177,11 @@ def transfer(profile, source: "Descriptor", target: "Descriptor"):
     def scaled(costs):
         return tuple(c * host for c in costs) if costs else costs
 
+    fresh = target.fresh() if profile.fresh_threshold_bytes is not None else None
     return replace(profile, hardware=moved, launch_floor_s=profile.launch_floor_s * host,
-                   host_issue_s=scaled(profile.host_issue_s), host_fixed_s=scaled(profile.host_fixed_s))
+                   host_issue_s=scaled(profile.host_issue_s), host_fixed_s=scaled(profile.host_fixed_s),
+                   fresh_threshold_bytes=fresh["threshold_bytes"] if fresh else None,
+                   fresh_s_per_byte=fresh["s_per_byte"] if fresh else 0.0)
 
 
 PROBE_SUITE = "step-probes-1"  # bump when _probe_suite changes
@@ -390,12 +409,45 @@ def cpu_model() -> str:
     return _cpu_kind() or _cpu_model() or "unknown CPU"
 
 
+def measure_fresh_alloc(threads: int = 1, log=None) -> dict:
+    """What a fresh allocation costs this CPU in one process on ``threads`` threads
+    (``fsdp_overheads.measure_fresh``: a fresh buffer filled against a reused one, 1-128 MiB, the
+    threshold bisected); about 5 s."""
+    from gnn_ptp import fsdp_overheads
+    from gnn_ptp.records import now_utc
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = fsdp_overheads.measure_fresh()
+    finally:
+        torch.set_num_threads(previous)
+    out = {"threshold_bytes": got["threshold_bytes"], "ms_per_MiB": got["ms_per_MiB"],
+           "rows": got["rows"], "source": f"measured by gnn_ptp.descriptor.measure_fresh_alloc, {threads} "
+                                         f"thread(s), torch {torch.__version__}, {now_utc()}"}
+    if log:
+        log(f"fresh allocations: threshold {got['threshold_bytes']} bytes, {got['ms_per_MiB']:.3f} ms per MiB above it")
+    return out
+
+
+def with_fresh_alloc(stored: Descriptor, threads: int = 1, log=None) -> Descriptor:
+    """``stored`` (this CPU's descriptor) with its fresh-allocation cost measured now, everything else
+    kept as it was measured."""
+    from dataclasses import replace
+
+    if stored.kind != "cpu" or stored.name != slug(cpu_model()):
+        raise UserError(f"hardware descriptor {stored.name!r} is not this CPU's ({slug(cpu_model())}): "
+                        "its fresh-allocation cost is measured on the CPU it describes")
+    return replace(stored, fresh_alloc=measure_fresh_alloc(threads, log))
+
+
 def measure_cpu(threads: int = 1, sizes=(512, 1024, 2048), log=None, probes: bool = True) -> Descriptor:
     """This CPU's ceilings with ``threads`` torch threads: the best GEMM rate per dtype over ``sizes``
     (fp32, bf16, fp16 (sizes up to 512 only: CPUs without fp16 GEMM units run it ~100x slower);
     tf32 = fp32), the in-cache element-wise rate, copy bandwidth of a 64 MiB array
-    (read + write) and the dispatch floor of a one-element add; with ``probes`` the step-sized probes
-    too (``measure_step_probes``). About 25 s on one core."""
+    (read + write), the dispatch floor of a one-element add and the cost of a fresh allocation
+    (``measure_fresh_alloc``); with ``probes`` the step-sized probes too (``measure_step_probes``). About
+    30 s on one core."""
     log = log or (lambda msg: None)
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -424,11 +476,12 @@ def measure_cpu(threads: int = 1, sizes=(512, 1024, 2048), log=None, probes: boo
 
     model = cpu_model()
     step_probes = measure_step_probes(threads, log) if probes else {}
+    fresh = measure_fresh_alloc(threads, log)
     return Descriptor(slug(model), "cpu", gemm, vector, bandwidth, floor, f"{model}, {threads} thread(s)",
                       f"measured by gnn_ptp.descriptor.measure_cpu, {threads} thread(s), torch "
                       f"{torch.__version__}, {now_utc()}", measured=True, curves="cpu",
                       extra={"cpu_model": model, "threads": threads}, step_probe_s=step_probes,
-                      probe_suite=PROBE_SUITE if probes else "")
+                      probe_suite=PROBE_SUITE if probes else "", fresh_alloc=fresh)
 
 
 def with_step_probes(stored: Descriptor, threads: int = 1, log=None) -> Descriptor:
@@ -540,19 +593,25 @@ def main(argv=None) -> int:
     p.add_argument("--probes", action="store_true",
                    help="measure only the step-sized probes and add them to this CPU's stored descriptor, "
                         "keeping its ceilings (a kind measured before the probes existed)")
+    p.add_argument("--fresh", action="store_true",
+                   help="measure only what a fresh allocation costs (page faults above the allocator's mmap "
+                        "threshold) and add it to this CPU's stored descriptor, keeping the rest")
     p.add_argument("--write", action="store_true", help=f"store the measurement in {DESCRIPTOR_DIR}/")
     args = p.parse_args(argv)
-    if args.write and not (args.measure or args.probes):
-        print("python -m gnn_ptp.descriptor: error: --write needs --measure or --probes", file=sys.stderr)
+    if args.write and not (args.measure or args.probes or args.fresh):
+        print("python -m gnn_ptp.descriptor: error: --write needs --measure, --probes or --fresh", file=sys.stderr)
         return 2
-    if args.probes:
+    if args.probes or args.fresh:
         name = slug(cpu_model())
         stored = stored_cpus().get(name)
+        flag = "--probes" if args.probes else "--fresh"
         if stored is None:
-            print(f"python -m gnn_ptp.descriptor: error: --probes: no stored descriptor {name!r} for this CPU "
+            print(f"python -m gnn_ptp.descriptor: error: {flag}: no stored descriptor {name!r} for this CPU "
                   f"in {DESCRIPTOR_DIR}/; measure it whole: --measure --write", file=sys.stderr)
             return 2
-        d = with_step_probes(stored, args.threads, log=lambda m: print(m, file=sys.stderr))
+        log = lambda m: print(m, file=sys.stderr)  # noqa: E731
+        d = with_step_probes(stored, args.threads, log=log) if args.probes else stored
+        d = with_fresh_alloc(d, args.threads, log=log) if args.fresh else d
         print(json.dumps(d.to_dict(), indent=1))
         if args.write:
             print(f"written to {write(d)}", file=sys.stderr)

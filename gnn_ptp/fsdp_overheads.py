@@ -139,22 +139,32 @@ def _fresh_extra_ms(nbytes: int, agree, reps: int = 9) -> float:
             times.append(time.perf_counter() - start)
         return statistics.median(times) * 1e3
 
-    dist.barrier()
+    if _in_group():
+        dist.barrier()
     fresh = timed(lambda: torch.empty(numel).fill_(1.0))
     plain = timed(lambda: reused.fill_(1.0))
     del reused
     return agree({"extra": fresh - plain})["extra"]
 
 
+def _in_group() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
+
+
 def measure_fresh(sizes_mib=FRESH_SIZES_MIB, bisect_steps: int = 7) -> dict:
-    """In the current process group: the extra cost of a fresh buffer over a reused one, by size, every
-    rank at once; where the cost jumps (an allocator's mmap threshold) the threshold is bisected.
-    Returns ``{"rows": [{"bytes", "extra_ms"}], "threshold_bytes", "ms_per_MiB"}`` (threshold None and
-    rate 0 where no size is costly); every rank returns the same."""
+    """The extra cost of a fresh buffer over a reused one, by size: in a process group every rank at once
+    (each returns the slowest rank's), else in this process alone (what a training step's kernels pay for
+    their fresh outputs: ``descriptor.measure_fresh_alloc``); where the cost jumps (an allocator's mmap
+    threshold) the threshold is bisected. Returns ``{"rows": [{"bytes", "extra_ms"}], "threshold_bytes",
+    "ms_per_MiB"}`` (threshold None and rate 0 where no size is costly)."""
     import torch
     import torch.distributed as dist
 
     def agree(values: dict) -> dict:
+        if not _in_group():
+            return values
         t = torch.tensor(list(values.values()), dtype=torch.float64)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return dict(zip(values, t.tolist()))

@@ -13,6 +13,8 @@ Tensors of a ``Data``:
 - ``phase`` [N]: 0 forward, 1 backward, 2 optimizer (per-phase readout sums over it)
 - ``grad_bytes`` [N]: parameter-gradient bytes each kernel finalises (not a feature: for the
   all-reduce overlap model)
+- ``fresh_bytes`` [N, 2]: bytes of the outputs each kernel allocates, and the largest of them (not a
+  feature: for the prior's page-fault cost of fresh CPU allocations, ``prior.Profile.fresh_s_per_byte``)
 """
 
 from __future__ import annotations
@@ -87,6 +89,7 @@ def to_tensors(traced: TracedStep) -> tuple[dict[str, torch.Tensor], StepSummary
     edges: dict[tuple[int, int], float] = {}
     costs: list[ops.OpCost] = []
     grad_bytes: list[float] = []  # parameter-gradient bytes each kernel finalises (for DDP overlap)
+    fresh: list[tuple[float, float]] = []  # bytes each kernel allocates, and its largest allocation
 
     def carried(n: torch.fx.Node) -> dict[int, float]:
         return source.get(n, {})
@@ -113,6 +116,7 @@ def to_tensors(traced: TracedStep) -> tuple[dict[str, torch.Tensor], StepSummary
                 edges[(src, index)] = edges.get((src, index), 0.0) + t.numel() * t.element_size()
         source[node] = {index: cost.bytes_written}
         grad_bytes.append(float(node.meta.get("grad_bytes", 0)))
+        fresh.append((cost.fresh_bytes, cost.fresh_largest_bytes))
         phase_id = PHASES.index(node.meta.get("phase", "forward"))
         phase.append(phase_id)
         x_cat.append([ops.OP_ID.get(cost.op, 0), ops.CATEGORIES.index(cost.category),
@@ -135,6 +139,7 @@ def to_tensors(traced: TracedStep) -> tuple[dict[str, torch.Tensor], StepSummary
         u=torch.tensor([graph_features(traced, summary)], dtype=torch.float32),
         phase=torch.tensor(phase, dtype=torch.long),
         grad_bytes=torch.tensor(grad_bytes, dtype=torch.float64),
+        fresh_bytes=torch.tensor(fresh, dtype=torch.float64).reshape(-1, 2),
     )
     return tensors, summary
 

@@ -170,6 +170,12 @@ class OpCost:
     tensor_core: bool
     aligned: bool
     """Tensor-core op whose inner dimensions are multiples of 8 (fp16/bf16) or 4 (tf32)."""
+    fresh_bytes: float = 0.0
+    """Bytes of the outputs the op allocates (every output its schema does not alias to an input: not an
+    in-place or ``out=`` write). On a CPU an allocation above the allocator's mmap threshold is
+    page-faulted in as the kernel writes it (``prior.Profile.fresh_s_per_byte``)."""
+    fresh_largest_bytes: float = 0.0
+    """The largest of those outputs (the threshold applies per allocation)."""
 
 
 class TensorMeta:
@@ -318,10 +324,23 @@ def op_cost(node, precision) -> OpCost:
         step = 4 if dtype == "tf32" else 8
         dims = [t.shape[-1] for t in inputs if t.dim() >= 1] + [t.shape[-2] for t in inputs if t.dim() >= 2]
         aligned = all(d % step == 0 for d in dims)
+    fresh = [_nbytes(t) for t in _fresh_outputs(node.target, out)]
     return OpCost(op, cat, dtype, flops, bytes_read, bytes_written,
                   tuple(out_main.shape) if out_main is not None else (),
                   tuple(in_main.shape) if in_main is not None else (),
-                  n_tensors, tensor_core, aligned)
+                  n_tensors, tensor_core, aligned, float(sum(fresh)), float(max(fresh, default=0)))
+
+
+def _fresh_outputs(target, out) -> list:
+    """The tensors of ``out`` (a node's recorded value) that ``target`` allocates: per its schema, the
+    returns that alias no input (an in-place op's self, an ``out=`` argument and a view are not new
+    memory). An op without a schema (a Python function) counts every output as new."""
+    schema = getattr(target, "_schema", None)
+    if schema is None:
+        return _tensors(out)
+    returns = schema.returns
+    values = list(out) if len(returns) > 1 and isinstance(out, (list, tuple)) else [out]
+    return [t for r, v in zip(returns, values) if r.alias_info is None for t in _tensors(v)]
 
 
 def log_shape(shape: tuple[int, ...], width: int = 4) -> list[float]:

@@ -8,6 +8,7 @@ Per node (one kernel of ``graph.to_tensors``)::
               = FLOPs / (vector_rate * vector_curve(FLOPs, intensity))        everything else
     memory_s  = bytes read + written / (bandwidth * memory_curve[category, dtype](bytes))
     seconds   = max(compute_s, memory_s, launch_floor_s)        (memory_s alone for a ``streaming`` category)
+              + fresh bytes above the mmap threshold * fresh_s_per_byte        (a CPU whose cost is measured)
 
 ``peak(dtype, path)`` is ``Hardware.flops_rate``: tensor-core rates for tf32/fp16/bf16 matmuls on a GPU,
 the CUDA-core rate for strict fp32, the measured GEMM rate per dtype on a CPU. A curve is the fraction
@@ -18,7 +19,9 @@ few tiles). On a GPU fitted to its own profiles the GEMM-like curves are per cat
 attention) and dtype: cuDNN convolutions and fused attention reach other fractions than cuBLAS GEMMs; the
 non-GEMM kernels share one compute curve and one bandwidth curve, each at a peak fraction of the kernel's
 own category (``vector_fraction``) or category and dtype (``memory_fraction``, ``memory_half_size``) where
-fitted so, and the optimizer's foreach kernels are priced by their bytes alone (``streaming``). The launch floor
+fitted so, and the optimizer's foreach kernels are priced by their bytes alone (``streaming``). On a CPU
+an output allocated above the allocator's mmap threshold also costs its page faults
+(``fresh_s_per_byte``: glibc maps such a buffer from the kernel at every allocation). The launch floor
 is the least time a kernel costs a PyTorch eager step (host dispatch + launch); a kernel shorter than it
 still costs it, because the host cannot issue kernels faster.
 
@@ -138,6 +141,15 @@ class Profile:
     """Non-GEMM categories priced by their bytes alone (no compute term), where fitted so: on a GPU AdamW's
     foreach kernels do well under one FLOP per byte moved, far below any compute ridge, and a compute curve
     fitted to them prices large ones by FLOPs that never bind."""
+    fresh_threshold_bytes: float | None = None
+    """A CPU's allocator maps every allocation above this many bytes fresh from the operating system
+    (glibc: its mmap threshold, 32 MiB at most) and unmaps it on free; None where there is no such cost
+    (a GPU's caching allocator) or it was not measured."""
+    fresh_s_per_byte: float = 0.0
+    """Seconds each byte of such an allocation adds to the kernel that first writes it (page faults and
+    zeroing; the unmapping on free), measured per CPU kind (``descriptor.measure_fresh_alloc``): about
+    0.23 ms per MiB on this project's Intel kind, where a large out-of-place add runs at 7 GB/s against
+    24-41 GB/s in place."""
 
     @property
     def serial(self) -> bool:
@@ -181,7 +193,8 @@ def calibration() -> dict:
 
 
 PREDICTIVE_KEYS = ("gemm", "vector", "memory", "launch_floor_s", "host_issue_s", "host_fixed_s")
-OPTIONAL_PREDICTIVE_KEYS = ("vector_fraction", "memory_fraction", "memory_half_size", "streaming")
+OPTIONAL_PREDICTIVE_KEYS = ("vector_fraction", "memory_fraction", "memory_half_size", "streaming",
+                            "fresh_threshold_bytes", "fresh_s_per_byte")
 """Predictive keys a section may lack; the digest covers them only where present, so that a section
 written before they existed keeps its digest (and the checkpoints trained over it stay valid)."""
 
@@ -209,7 +222,9 @@ def profile_from_dict(hw: Hardware, d: dict) -> Profile:
                    {k: float(v) for k, v in d.get("vector_fraction", {}).items()},
                    {k: float(v) for k, v in d.get("memory_fraction", {}).items()},
                    {k: float(v) for k, v in d.get("memory_half_size", {}).items()},
-                   tuple(d.get("streaming", ())))
+                   tuple(d.get("streaming", ())),
+                   float(d["fresh_threshold_bytes"]) if d.get("fresh_threshold_bytes") is not None else None,
+                   float(d.get("fresh_s_per_byte", 0.0)))
 
 
 def get_profile(hw: Hardware | str) -> Profile:
@@ -233,8 +248,25 @@ def _unlog(v: torch.Tensor) -> torch.Tensor:
     return torch.exp2(v.double()) - 1.0  # graph.py's node-feature scale is log2(1 + x)
 
 
-def node_seconds(x: torch.Tensor, x_cat: torch.Tensor, profile: Profile) -> torch.Tensor:
-    """Prior time in seconds of every node (float64 [N]) from its features (graph.py's ``x``, ``x_cat``)."""
+def fresh_seconds(fresh: torch.Tensor | None, profile: Profile) -> torch.Tensor | None:
+    """Per node (float64 [N]) the page-fault cost of its fresh outputs above the profile's mmap threshold
+    (``fresh``: graph.py's ``fresh_bytes`` [N, 2], all the bytes a kernel allocates and its largest
+    allocation; the threshold applies per allocation, so the rest counts where it is itself above it, as
+    for a convolution's backward with two large gradients); None where the profile has no such cost or
+    the graph does not say what it allocates."""
+    threshold = profile.fresh_threshold_bytes
+    if fresh is None or threshold is None or profile.fresh_s_per_byte <= 0:
+        return None
+    fresh = fresh.double().reshape(-1, 2)
+    largest, rest = fresh[:, 1], fresh[:, 0] - fresh[:, 1]
+    faulted = torch.where(largest > threshold, largest, 0.0) + torch.where(rest > threshold, rest, 0.0)
+    return faulted * profile.fresh_s_per_byte
+
+
+def node_seconds(x: torch.Tensor, x_cat: torch.Tensor, profile: Profile,
+                 fresh: torch.Tensor | None = None) -> torch.Tensor:
+    """Prior time in seconds of every node (float64 [N]) from its features (graph.py's ``x``, ``x_cat``)
+    and, on a CPU whose fresh-allocation cost is measured, what it allocates (``fresh_bytes``)."""
     hw = profile.hardware
     flops = _unlog(x[:, 0])
     moved = _unlog(x[:, 1]) + _unlog(x[:, 2])
@@ -263,8 +295,9 @@ def node_seconds(x: torch.Tensor, x_cat: torch.Tensor, profile: Profile) -> torc
         bandwidth[rows] = profile.memory_curve(cat, name)(moved[rows])
     compute_s = flops / (rate * efficiency)
     memory_s = moved / (hw.memory_bandwidth_Bps * bandwidth)
-    return torch.maximum(torch.maximum(compute_s, memory_s),
-                         torch.full_like(flops, profile.launch_floor_s))
+    seconds = torch.maximum(torch.maximum(compute_s, memory_s), torch.full_like(flops, profile.launch_floor_s))
+    faults = fresh_seconds(fresh, profile)
+    return seconds if faults is None else seconds + faults
 
 
 PHASE_NAMES = PHASES
@@ -300,8 +333,9 @@ def log_node_ms(tensors, profile: Profile) -> torch.Tensor:
     """Per-node log milliseconds (float32 [N]), as the GNN's per-kernel head gives them: the device time,
     or for a profile with host issue costs the node's share of its phase in the step's launch queue
     (``queued_node_seconds``; needs ``phase`` in ``tensors``, else the device time). ``tensors`` may hold
-    one graph or a batch of them (``batch``: each node's graph) and ``grad_bytes``."""
-    seconds = node_seconds(tensors["x"], tensors["x_cat"], profile)
+    one graph or a batch of them (``batch``: each node's graph), ``grad_bytes`` and ``fresh_bytes``."""
+    fresh = tensors.get("fresh_bytes") if isinstance(tensors, dict) else getattr(tensors, "fresh_bytes", None)
+    seconds = node_seconds(tensors["x"], tensors["x_cat"], profile, fresh)
     phase = tensors.get("phase") if isinstance(tensors, dict) else None
     if phase is not None:
         seconds = queued_node_seconds(seconds, phase, profile, tensors.get("grad_bytes"), tensors.get("batch"))
@@ -440,16 +474,17 @@ def phase_seconds(device_s: torch.Tensor, phase: torch.Tensor, host: torch.Tenso
     return torch.stack(out)
 
 
-def device_log_ms(x: torch.Tensor, x_cat: torch.Tensor, profile: Profile) -> torch.Tensor:
+def device_log_ms(x: torch.Tensor, x_cat: torch.Tensor, profile: Profile,
+                  fresh: torch.Tensor | None = None) -> torch.Tensor:
     """Each node's device time alone (``node_seconds``), log ms, float32 [N]."""
-    return torch.log(node_seconds(x, x_cat, profile) * 1e3).float()
+    return torch.log(node_seconds(x, x_cat, profile, fresh) * 1e3).float()
 
 
 def price(sample, profile: Profile) -> None:
     """Give a graph sample the prior's view of it under ``profile``: ``prior_log_ms`` [N] (each node's share
     of the launch queue, ``log_node_ms``), ``prior_device_log_ms`` [N] (each kernel's device time alone, log
     ms) and ``host_s`` [1, HOST_FIELDS] (``host_vector``): what a residual GNN reads (``model.py``)."""
-    seconds = node_seconds(sample.x, sample.x_cat, profile)  # priced once, for both views
+    seconds = node_seconds(sample.x, sample.x_cat, profile, getattr(sample, "fresh_bytes", None))  # both views
     queued = queued_node_seconds(seconds, sample.phase, profile, getattr(sample, "grad_bytes", None))
     sample.prior_log_ms = torch.log(queued * 1e3).float()  # = log_node_ms
     sample.prior_device_log_ms = torch.log(seconds * 1e3).float()  # = device_log_ms
@@ -465,7 +500,7 @@ def phase_ms(tensors, profile: Profile) -> np.ndarray:
     """Prior ms of [forward, backward, optimizer, whole step] of one graph (a ``Data`` or a dict of its
     tensors with ``x``, ``x_cat``, ``phase`` and, for the launch queue, ``grad_bytes``)."""
     get = tensors.get if isinstance(tensors, dict) else lambda k: getattr(tensors, k, None)
-    seconds = node_seconds(get("x"), get("x_cat"), profile)
+    seconds = node_seconds(get("x"), get("x_cat"), profile, get("fresh_bytes"))
     out = graph_phase_ms(seconds, get("phase"), profile, get("grad_bytes")).numpy()
     return np.append(out, out.sum())
 
@@ -482,7 +517,7 @@ class AnalyticModel:
         self.profile = profile
 
     def __call__(self, batch) -> dict[str, torch.Tensor]:
-        seconds = node_seconds(batch.x, batch.x_cat, self.profile)
+        seconds = node_seconds(batch.x, batch.x_cat, self.profile, getattr(batch, "fresh_bytes", None))
         node_ms = queued_node_seconds(seconds, batch.phase, self.profile, getattr(batch, "grad_bytes", None),
                                       batch.batch) * 1e3
         graphs = int(batch.num_graphs)

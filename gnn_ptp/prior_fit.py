@@ -65,6 +65,9 @@ class KernelRows:
     or company its configurations come in."""
     backward: torch.Tensor | None = None
     """Per row, whether the kernel runs in the backward phase (None: unknown, all forward)."""
+    fresh: torch.Tensor | None = None
+    """Per row, graph.py's ``fresh_bytes`` (bytes the kernel allocates, its largest allocation; [R, 2];
+    None: unknown, nothing fresh)."""
 
     def __len__(self) -> int:
         return int(self.seconds.numel())
@@ -93,7 +96,7 @@ def measured_node_seconds(sample, per_profile: list[torch.Tensor]) -> torch.Tens
 def kernel_rows(samples: list, node_seconds: dict[str, list[torch.Tensor]]) -> KernelRows:
     """Rows of every node with a measured device time > 0 (``node_seconds``: per configuration key, one
     tensor of per-node seconds per profile, NaN where unmatched; profiles of a configuration averaged)."""
-    parts = {k: [] for k in ("flops", "moved", "dtype", "gemm", "tc", "cat", "family", "s", "draw", "bwd")}
+    parts = {k: [] for k in ("flops", "moved", "dtype", "gemm", "tc", "cat", "family", "s", "draw", "bwd", "fresh")}
     gemm_ids = torch.tensor([ops.CATEGORIES.index(c) for c in ops.TENSOR_CORE_CATEGORIES])
     for s in samples:
         per_profile = node_seconds.get(s.key)
@@ -116,11 +119,15 @@ def kernel_rows(samples: list, node_seconds: dict[str, list[torch.Tensor]]) -> K
         parts["s"].append(measured[keep].double())
         parts["draw"].append(row_draws(s.key, keep.numel())[keep])
         parts["bwd"].append(x_cat[:, 3] == prior.BACKWARD_PHASE)
+        fresh = getattr(s, "fresh_bytes", None)
+        parts["fresh"].append(fresh[keep].double() if fresh is not None else torch.zeros(int(keep.sum()), 2,
+                                                                                          dtype=torch.float64))
     if not parts["s"]:
         raise ValueError("no profiled node with a measured device time")
     return KernelRows(torch.cat(parts["flops"]), torch.cat(parts["moved"]), parts["dtype"],
                       torch.cat(parts["gemm"]), torch.cat(parts["tc"]), parts["cat"], parts["family"],
-                      torch.cat(parts["s"]), torch.cat(parts["draw"]), torch.cat(parts["bwd"]))
+                      torch.cat(parts["s"]), torch.cat(parts["draw"]), torch.cat(parts["bwd"]),
+                      torch.cat(parts["fresh"]))
 
 
 def row_draws(key: str, n: int) -> torch.Tensor:
@@ -279,7 +286,8 @@ curve the pooled one, which the categories without a fraction of their own use."
 
 def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: bool = True,
                intensity: bool = True, vector_by_category: bool = True, memory_by_category: bool = True,
-               streaming: tuple[str, ...] | None = None, backward_curves: bool = False) -> dict:
+               streaming: tuple[str, ...] | None = None, backward_curves: bool = False,
+               fresh: dict | None = None) -> dict:
     """Curves (``prior.Curve`` dicts) for GEMM-like kernels per category and dtype (``by_category``; else
     per dtype), other compute ("vector"), memory traffic, and the device floor in seconds, fitted to
     ``rows``. With ``intensity`` the compute curves also ramp with arithmetic intensity; with
@@ -291,7 +299,10 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
     a fused backward kernel of ``prior.BACKWARD_CURVES`` gets its own curve: tried on the CPU kinds
     (2026-11-25), where one convolution curve priced forward convolutions 1.7x too slow at every reduction
     depth, it made DenseNet's left-out steps worse (73 -> 86 % on the Intel kind, 60 -> 75 % on the second
-    AMD kind), so it is off by default (README, *The CPU prior*)."""
+    AMD kind), so it is off by default (README, *The CPU prior*). ``fresh`` (a CPU kind's measured
+    fresh-allocation cost, ``{"threshold_bytes", "s_per_byte"}``: ``descriptor.Descriptor.fresh``) is added
+    to every kernel's time before the curves are fitted to the rest, and kept in the result for
+    ``device_profile``."""
     if streaming is None:
         streaming = STREAMING if memory_by_category and hw.kind != "cpu" else ()
     groups = _groups(rows, by_category, vector_by_category, backward_curves)
@@ -324,9 +335,12 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
     weight = rows.seconds.sqrt()
     weight = weight / weight.sum()
     target = torch.log(rows.seconds)
+    faults = _fresh_seconds(rows, fresh)
     for _ in range(steps):
         opt.zero_grad()
         pred = _device_seconds(params, rows, hw, masks, rates, memory_masks)
+        if faults is not None:
+            pred = pred + faults
         loss = (weight * (torch.log(pred) - target) ** 2).sum()
         if shifts:
             loss = loss + SHIFT_PENALTY * sum((params[f"shift:{c}"] ** 2).sum() for c in shifts)
@@ -355,7 +369,17 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
             out["memory_half_size"] = {k: c["half_size"] for k, c in own.items()}
         if streaming:
             out["streaming"] = sorted(streaming)
+        if fresh:
+            out["fresh"] = {"threshold_bytes": float(fresh["threshold_bytes"]), "s_per_byte": float(fresh["s_per_byte"])}
     return out
+
+
+def _fresh_seconds(rows: KernelRows, fresh: dict | None) -> torch.Tensor | None:
+    if not fresh or rows.fresh is None:
+        return None
+    probe = prior.Profile(prior.HARDWARE["cpu"], fresh_threshold_bytes=float(fresh["threshold_bytes"]),
+                          fresh_s_per_byte=float(fresh["s_per_byte"]))
+    return prior.fresh_seconds(rows.fresh, probe)
 
 
 def device_profile(hw: Hardware, fitted: dict, host_s=None, fixed_s=None) -> prior.Profile:
@@ -364,6 +388,9 @@ def device_profile(hw: Hardware, fitted: dict, host_s=None, fixed_s=None) -> pri
          "launch_floor_s": fitted["device_floor_s"], "vector_fraction": fitted.get("vector_fraction", {}),
          "memory_fraction": fitted.get("memory_fraction", {}),
          "memory_half_size": fitted.get("memory_half_size", {}), "streaming": fitted.get("streaming", [])}
+    if fitted.get("fresh"):
+        d["fresh_threshold_bytes"] = fitted["fresh"]["threshold_bytes"]
+        d["fresh_s_per_byte"] = fitted["fresh"]["s_per_byte"]
     if host_s is not None:
         d["host_issue_s"] = list(host_s)
         d["host_fixed_s"] = list(fixed_s) if fixed_s is not None else [0.0, 0.0, 0.0]
@@ -410,7 +437,9 @@ def _prior_seconds(rows: KernelRows, profile: prior.Profile) -> torch.Tensor:
         m = torch.from_numpy((category == c) & (dtype == d))
         bandwidth[m] = profile.memory_curve(c, d)(rows.moved[m])
     memory = rows.moved / (hw.memory_bandwidth_Bps * bandwidth)
-    return torch.maximum(torch.maximum(compute, memory), torch.full_like(compute, profile.launch_floor_s))
+    seconds = torch.maximum(torch.maximum(compute, memory), torch.full_like(compute, profile.launch_floor_s))
+    faults = prior.fresh_seconds(rows.fresh, profile) if rows.fresh is not None else None
+    return seconds if faults is None else seconds + faults
 
 
 # --- stage 2: host issue cost -------------------------------------------------------------------------------
@@ -432,7 +461,7 @@ def fit_host(samples: list, profile: prior.Profile, per_kernel_us=None, per_phas
     phases = len(prior.PHASE_NAMES)
     rows = []  # per sample: per phase (queue seconds [H], device sum s, kernels, measured s)
     for s in samples:
-        t = prior.node_seconds(s.x, s.x_cat, profile)
+        t = prior.node_seconds(s.x, s.x_cat, profile, getattr(s, "fresh_bytes", None))
         measured = s.y[0].double().exp() * 1e-3
         row = []
         for p in range(phases):
@@ -521,7 +550,8 @@ def subsample(rows: KernelRows, limit: int, seed: int = 0) -> KernelRows:
     pick = keep.tolist()
     return KernelRows(rows.flops[keep], rows.moved[keep], [rows.dtype[i] for i in pick], rows.gemm[keep],
                       rows.tensor_core[keep], [rows.category[i] for i in pick], [rows.family[i] for i in pick],
-                      rows.seconds[keep], draw[keep], rows.backward[keep] if rows.backward is not None else None)
+                      rows.seconds[keep], draw[keep], rows.backward[keep] if rows.backward is not None else None,
+                      rows.fresh[keep] if rows.fresh is not None else None)
 
 
 def fit(samples: list, node_seconds: dict, hw: Hardware, max_rows: int | None = None, **device_kw):

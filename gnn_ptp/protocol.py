@@ -226,7 +226,8 @@ class PriorRefit:
             tick = time.perf_counter()
             desc = self.descriptors.get(name)
             hw = desc.profile().hardware if desc is not None and desc.kind == "cpu" else get_hardware(name)
-            _, fitted[name], _ = prior_fit.fit(own, seconds, hw, max_rows=self.max_rows)
+            fresh = desc.fresh() if desc is not None else None  # a CPU kind's measured page-fault cost
+            _, fitted[name], _ = prior_fit.fit(own, seconds, hw, max_rows=self.max_rows, fresh=fresh)
             self._price(parts, name, fitted[name])
             info[name] = {"fit_steps": len(own), "fit_s": round(time.perf_counter() - tick, 1)}
         tested = {s.hardware_name for s in parts["test"]} - trained

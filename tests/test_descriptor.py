@@ -308,3 +308,65 @@ def test_transfer_sources_refuses_folders_it_cannot_compare(tmp_path):
         module.main(["--source", "datasets/cpu", "--target", str(tmp_path / "empty")])
     with pytest.raises(UserError, match="share no configuration"):
         module.main(["--source", "datasets/cpu", "--target", "datasets/h200-blind"])
+
+
+MiB = 2 ** 20
+
+
+def with_fresh(d: Descriptor, ms_per_mib: float, threshold: int = 32 * MiB) -> Descriptor:
+    """``d`` with a SYNTHETIC fresh-allocation cost."""
+    from dataclasses import replace
+
+    return replace(d, fresh_alloc={"threshold_bytes": threshold, "ms_per_MiB": ms_per_mib, "source": "SYNTHETIC"})
+
+
+def test_fresh_allocations_above_the_threshold_cost_their_page_faults_per_byte():
+    """A prior with a fresh-allocation cost adds it per kernel for each allocation above the threshold
+    (the largest, and the rest where it is itself above: a second large output); a graph that does not
+    say what it allocates, or a profile without the cost, is priced as before."""
+    from dataclasses import replace
+
+    src = with_fresh(synthetic_cpu(1.0, "synthetic-a"), 0.25)
+    assert src.fresh() == {"threshold_bytes": 32 * MiB, "s_per_byte": pytest.approx(0.25e-3 / MiB)}
+    assert synthetic_cpu(1.0).fresh() is None
+    assert with_fresh(synthetic_cpu(1.0), 0.0).fresh() is None  # measured, nothing costly
+    profile = replace(prior.Profile(src.hardware()), fresh_threshold_bytes=32 * MiB, fresh_s_per_byte=1e-9)
+    x, x_cat = nodes([1e3] * 4, [1e3] * 4, category="elementwise")
+    fresh = torch.tensor([[64 * MiB, 64 * MiB], [16 * MiB, 16 * MiB], [100 * MiB, 60 * MiB], [0, 0]],
+                         dtype=torch.float64)
+    plain = prior.node_seconds(x, x_cat, prior.Profile(src.hardware()), fresh)
+    got = prior.node_seconds(x, x_cat, profile, fresh)
+    assert (got - plain).tolist() == pytest.approx([64 * MiB * 1e-9, 0.0, 100 * MiB * 1e-9, 0.0])
+    assert torch.equal(prior.node_seconds(x, x_cat, profile), plain)
+
+    # moved to another kind: that kind's measured cost, or none where it has no measurement
+    tgt = with_fresh(synthetic_cpu(0.5, "synthetic-b"), 0.5)
+    assert descriptor.transfer(profile, src, tgt).fresh_s_per_byte == pytest.approx(0.5e-3 / MiB)
+    unmeasured = descriptor.transfer(profile, src, synthetic_cpu(0.5, "synthetic-c"))
+    assert unmeasured.fresh_threshold_bytes is None and unmeasured.fresh_s_per_byte == 0.0
+    # a prior fitted without the cost (its curves hold it) does not take one on
+    assert descriptor.transfer(prior.Profile(src.hardware()), src, tgt).fresh_threshold_bytes is None
+    assert Descriptor.from_dict(json.loads(json.dumps(tgt.to_dict()))) == tgt
+
+
+def test_the_fresh_allocation_cost_is_measured_in_one_process_and_added_to_this_cpu_s_descriptor(
+        monkeypatch, capsys, tmp_path):
+    """``measure_fresh`` outside a process group times this process alone (a made-up allocator here: the
+    timing is replaced); ``--fresh --write`` adds it to this CPU's stored descriptor, keeping the rest."""
+    from gnn_ptp import fsdp_overheads
+
+    monkeypatch.setattr(fsdp_overheads, "_fresh_extra_ms",
+                        lambda nbytes, agree, reps=9: agree({"extra": 0.3 * nbytes / MiB if nbytes > 40 * MiB
+                                                             else 0.0})["extra"])
+    got = descriptor.measure_fresh_alloc()
+    assert 32 * MiB <= got["threshold_bytes"] <= 40 * MiB and got["ms_per_MiB"] == pytest.approx(0.3)
+    here = descriptor.slug(descriptor.cpu_model())
+    stored = Descriptor(here, "cpu", {d: 1e11 for d in descriptor.GEMM_DTYPES}, 1e10, 2e10, 2e-6,
+                        source="SYNTHETIC ceilings")
+    added = descriptor.with_fresh_alloc(stored)
+    assert added.gemm_flops_per_s == stored.gemm_flops_per_s and added.fresh_alloc["ms_per_MiB"] == pytest.approx(0.3)
+    with pytest.raises(UserError, match="not this CPU's"):
+        descriptor.with_fresh_alloc(synthetic_cpu(1.0))
+    monkeypatch.setattr(descriptor, "stored_cpus", lambda folder=None: {})
+    assert descriptor.main(["--fresh"]) == 2
+    assert "--fresh: no stored descriptor" in capsys.readouterr().err

@@ -302,3 +302,28 @@ def test_canonical_names():
 
     assert ops.canonical(operator.getitem) == "getitem"
     assert ops.category("_foreach_whatever") == "optimizer" and ops.category("frobnicate") == "other"
+
+
+def test_fresh_bytes_are_the_outputs_a_kernel_allocates():
+    """Per node, ``fresh_bytes`` holds what the kernel allocates (every output its schema does not alias
+    to an input) and its largest allocation: an out-of-place op its outputs, an in-place op or an ``out=``
+    write nothing; a multi-output op each of its outputs (what a CPU page-faults above the mmap threshold)."""
+    a = torch.zeros(4, 8)
+    assert ops._fresh_outputs(torch.ops.aten.add_.Tensor, a) == []
+    assert ops._fresh_outputs(torch.ops.aten.add.out, a) == []
+    assert len(ops._fresh_outputs(torch.ops.aten.add.Tensor, a)) == 1
+    three = (torch.zeros(4, 8), torch.zeros(4, 1), torch.zeros(4, 1))
+    assert len(ops._fresh_outputs(torch.ops.aten.native_layer_norm.default, three)) == 3
+
+    b, i, h, o = 4, 24, 40, 8
+    traced = trace("mlp2", Shape(b), in_features=i, hidden=h, out_features=o)
+    data, _ = graph.to_data(traced)
+    assert data.fresh_bytes.shape == (data.num_nodes, 2) and data.fresh_bytes.dtype == torch.float64
+    names = [ops.canonical(n.target) for n in kept(traced)]
+    first = names.index("addmm")  # the forward's first linear: a fresh [b, h] fp32 output
+    assert data.fresh_bytes[first].tolist() == [b * h * 4, b * h * 4]
+    phase = data.phase.tolist()
+    written_in_place = [k for k, n in enumerate(kept(traced))
+                        if phase[k] == 2 and str(n.target).split(".")[-2].endswith("_")]
+    assert written_in_place and all(data.fresh_bytes[k].tolist() == [0.0, 0.0] for k in written_in_place)
+    assert bool((data.fresh_bytes[:, 1] <= data.fresh_bytes[:, 0]).all())

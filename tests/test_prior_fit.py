@@ -326,6 +326,36 @@ def test_a_cpu_fit_recovers_curves_above_the_quoted_peak_and_falling_with_size()
     assert prior_fit.kernel_errors(rows, prior_fit.device_profile(CPU, gpu_shaped))["all"]["median_ape"] > 20
 
 
+def test_a_cpu_fit_with_the_measured_fresh_allocation_cost_prices_large_fresh_outputs():
+    """SYNTHETIC CPU kernels, some of whose outputs are fresh allocations above a 32 MiB mmap threshold
+    and pay 0.25 ms per MiB of page faults: given that measured cost, the fit recovers the curves and
+    prices those kernels within a few per cent (the profile keeps the cost); without it the curves
+    cannot (a kernel's bytes do not say whether its output was fresh)."""
+    g = torch.Generator().manual_seed(5)
+    n = 3000
+    moved = 10 ** (3 + 6 * torch.rand(n, generator=g, dtype=torch.float64))
+    fresh_out = (torch.rand(n, generator=g) < 0.5) & (moved > 10 ** 8)
+    fresh = torch.stack([torch.where(fresh_out, moved / 3, 0.0)] * 2, 1)
+    rows = prior_fit.KernelRows(moved / 8, moved, ["fp32"] * n, torch.zeros(n, dtype=torch.bool),
+                                torch.zeros(n, dtype=torch.bool), ["elementwise"] * n, ["synthetic"] * n,
+                                torch.zeros(n, dtype=torch.float64), fresh=fresh)
+    cost = {"threshold_bytes": 32 * 2 ** 20, "s_per_byte": 0.25e-3 / 2 ** 20}
+    true = dataclasses.replace(prior.profile_from_dict(CPU, CPU_TRUE), fresh_threshold_bytes=cost["threshold_bytes"],
+                               fresh_s_per_byte=cost["s_per_byte"])
+    rows.seconds = prior_fit._prior_seconds(rows, true) * torch.exp(0.03 * torch.randn(n, generator=g, dtype=torch.float64))
+    fitted = prior_fit.fit_device(rows, CPU, steps=1500, intensity=False, fresh=cost)
+    profile = prior_fit.device_profile(CPU, fitted)
+    assert profile.fresh_threshold_bytes == cost["threshold_bytes"] and profile.fresh_s_per_byte == cost["s_per_byte"]
+    mask = fresh_out
+    pick = mask.nonzero().flatten().tolist()
+    big = prior_fit.KernelRows(rows.flops[mask], rows.moved[mask], ["fp32"] * len(pick), rows.gemm[mask],
+                               rows.tensor_core[mask], ["elementwise"] * len(pick), ["synthetic"] * len(pick),
+                               rows.seconds[mask], fresh=rows.fresh[mask])
+    assert prior_fit.kernel_errors(big, profile)["all"]["median_ape"] < 8
+    blind = prior_fit.fit_device(rows, CPU, steps=1500, intensity=False)
+    assert prior_fit.kernel_errors(big, prior_fit.device_profile(CPU, blind))["all"]["median_ape"] > 15
+
+
 def test_a_cpu_step_is_serial_and_its_host_fit_recovers_the_costs():
     """On a CPU the thread that issues a kernel runs it: a phase is fixed + issues x host + kernels, with
     no queue that could hide the host (SYNTHETIC samples, costs chosen here)."""
