@@ -248,19 +248,19 @@ def _unlog(v: torch.Tensor) -> torch.Tensor:
     return torch.exp2(v.double()) - 1.0  # graph.py's node-feature scale is log2(1 + x)
 
 
-def fresh_seconds(fresh: torch.Tensor | None, profile: Profile) -> torch.Tensor | None:
-    """Per node (float64 [N]) the page-fault cost of its fresh outputs above the profile's mmap threshold
-    (``fresh``: graph.py's ``fresh_bytes`` [N, 2], all the bytes a kernel allocates and its largest
-    allocation; the threshold applies per allocation, so the rest counts where it is itself above it, as
-    for a convolution's backward with two large gradients); None where the profile has no such cost or
-    the graph does not say what it allocates."""
-    threshold = profile.fresh_threshold_bytes
-    if fresh is None or threshold is None or profile.fresh_s_per_byte <= 0:
+def fresh_seconds(fresh: torch.Tensor | None, threshold: float | None, s_per_byte: float) -> torch.Tensor | None:
+    """Per node (float64 [N]) the page-fault cost of its fresh outputs above an mmap ``threshold`` at
+    ``s_per_byte`` (a profile's ``fresh_threshold_bytes``, ``fresh_s_per_byte``; ``fresh``: graph.py's
+    ``fresh_bytes`` [N, 2], all the bytes a kernel allocates and its largest allocation; the threshold
+    applies per allocation, so the rest counts where it is itself above it, as for a convolution's
+    backward with two large gradients); None where there is no such cost or the graph does not say what
+    it allocates."""
+    if fresh is None or threshold is None or s_per_byte <= 0:
         return None
     fresh = fresh.double().reshape(-1, 2)
     largest, rest = fresh[:, 1], fresh[:, 0] - fresh[:, 1]
     faulted = torch.where(largest > threshold, largest, 0.0) + torch.where(rest > threshold, rest, 0.0)
-    return faulted * profile.fresh_s_per_byte
+    return faulted * s_per_byte
 
 
 def node_seconds(x: torch.Tensor, x_cat: torch.Tensor, profile: Profile,
@@ -296,7 +296,7 @@ def node_seconds(x: torch.Tensor, x_cat: torch.Tensor, profile: Profile,
     compute_s = flops / (rate * efficiency)
     memory_s = moved / (hw.memory_bandwidth_Bps * bandwidth)
     seconds = torch.maximum(torch.maximum(compute_s, memory_s), torch.full_like(flops, profile.launch_floor_s))
-    faults = fresh_seconds(fresh, profile)
+    faults = fresh_seconds(fresh, profile.fresh_threshold_bytes, profile.fresh_s_per_byte)
     return seconds if faults is None else seconds + faults
 
 

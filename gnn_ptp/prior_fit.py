@@ -335,7 +335,7 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
     weight = rows.seconds.sqrt()
     weight = weight / weight.sum()
     target = torch.log(rows.seconds)
-    faults = _fresh_seconds(rows, fresh)
+    faults = None if not fresh else prior.fresh_seconds(rows.fresh, fresh["threshold_bytes"], fresh["s_per_byte"])
     for _ in range(steps):
         opt.zero_grad()
         pred = _device_seconds(params, rows, hw, masks, rates, memory_masks)
@@ -372,14 +372,6 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
         if fresh:
             out["fresh"] = {"threshold_bytes": float(fresh["threshold_bytes"]), "s_per_byte": float(fresh["s_per_byte"])}
     return out
-
-
-def _fresh_seconds(rows: KernelRows, fresh: dict | None) -> torch.Tensor | None:
-    if not fresh or rows.fresh is None:
-        return None
-    probe = prior.Profile(prior.HARDWARE["cpu"], fresh_threshold_bytes=float(fresh["threshold_bytes"]),
-                          fresh_s_per_byte=float(fresh["s_per_byte"]))
-    return prior.fresh_seconds(rows.fresh, probe)
 
 
 def device_profile(hw: Hardware, fitted: dict, host_s=None, fixed_s=None) -> prior.Profile:
@@ -438,7 +430,7 @@ def _prior_seconds(rows: KernelRows, profile: prior.Profile) -> torch.Tensor:
         bandwidth[m] = profile.memory_curve(c, d)(rows.moved[m])
     memory = rows.moved / (hw.memory_bandwidth_Bps * bandwidth)
     seconds = torch.maximum(torch.maximum(compute, memory), torch.full_like(compute, profile.launch_floor_s))
-    faults = prior.fresh_seconds(rows.fresh, profile) if rows.fresh is not None else None
+    faults = prior.fresh_seconds(rows.fresh, profile.fresh_threshold_bytes, profile.fresh_s_per_byte)
     return seconds if faults is None else seconds + faults
 
 
