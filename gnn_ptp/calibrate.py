@@ -414,6 +414,80 @@ def calibrate(cfg: CalibrateConfig):
     return profile
 
 
+def pool(cfg: CalibrateConfig, runs: list[Path]):
+    """One profile from several ``calibrate-comm`` runs on the same machine (without torchrun, the same
+    world sizes and collectives): per world size, collective and message size the median of the runs'
+    times; per world size the median of their node-sharing figures and fresh-buffer costs; the lines and
+    FSDP2's overheads fitted again from the pooled times and from every run's synthetic stacks together.
+    Repeated runs disagree (on a 2-core VM the 4-rank host overheads by up to 2x), and pooling uses each
+    without choosing the one whose predictions score better. Writes ``cfg.out`` (merged as ``calibrate``
+    does) and returns the profile."""
+    import json
+    import statistics
+
+    from gnn_ptp import interconnect
+
+    if len(runs) < 2:
+        raise UserError(f"--pool {' '.join(map(str, runs))}: give two or more profile files of runs to pool")
+    loaded = []
+    for path in runs:
+        try:
+            loaded.append(interconnect.Interconnect.from_dict(json.loads(Path(path).read_text())))
+        except FileNotFoundError:
+            raise UserError(f"--pool {path}: no such file") from None
+        except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError):
+            raise UserError(f"--pool {path}: not an interconnect profile (calibrate-comm writes them)") from None
+
+    def worlds(p) -> set:
+        return {r["gpus"] for r in p.measurements}
+
+    first = loaded[0]
+    for path, p in zip(runs[1:], loaded[1:]):
+        same = (worlds(p) == worlds(first) and set(p.collectives) == set(first.collectives)
+                and bool(p.fsdp) == bool(first.fsdp)
+                and p.env.get("host") == first.env.get("host") and p.env.get("cpu_count") == first.env.get("cpu_count"))
+        if not same or p.inter or first.inter:
+            raise UserError(f"--pool {path}: not a run of the same measurement as {runs[0]} (one machine "
+                            "without torchrun, the same world sizes, collectives, --fsdp and host)")
+    times: dict[tuple, list[dict]] = {}
+    for p in loaded:
+        for r in p.measurements:
+            key = (r["gpus"], r.get("level", "intra"), r.get("collective", "all_reduce"), r["message_bytes"])
+            times.setdefault(key, []).append(r)
+    rows = [{**got[0], "time_us": statistics.median(r["time_us"] for r in got),
+             "iters": sum(r.get("iters", 0) for r in got), "runs": len(got)}
+            for key, got in sorted(times.items()) if len(got) == len(loaded)]
+    sharing = {w: {k: statistics.median(p.node_sharing[w][k] for p in loaded) for k in first.node_sharing[w]}
+               for w in first.node_sharing if all(w in p.node_sharing for p in loaded)}
+    procs = sorted(worlds(first))
+    cfg = dataclasses.replace(cfg, procs=tuple(procs), collectives=tuple(sorted({r["collective"] for r in rows})))
+    fits = [_fit([r for r in rows if r["gpus"] == w and r["collective"] == "all_reduce"], w, "gloo-loopback", cfg,
+                 "gloo (fitted line)", None) for w in procs]
+    collectives: dict = {}
+    for w in procs:
+        for kind, levels in _fit_collectives(rows, w, "intra", cfg, "gloo", None).items():
+            collectives.setdefault(kind, {}).setdefault("intra", []).extend(levels["intra"])
+    env = {**first.env, "pooled_from": [{"file": str(path), "date": p.env.get("date")} for path, p in zip(runs, loaded)]}
+    profile = _merge(cfg, fits, [], rows, env, max(procs), overlap=first.overlap, compute_slots=first.compute_slots,
+                     sharing=sharing, collectives=collectives)
+    if first.fsdp:
+        from gnn_ptp import fsdp_overheads
+
+        measured = {}
+        for w in first.fsdp:
+            stacks = [s for p in loaded for s in p.fsdp[w].get("raw", [])]
+            fresh = [p.fsdp[w]["fresh"] for p in loaded if p.fsdp[w].get("fresh")]
+            pooled_fresh = None
+            if len(fresh) == len(loaded) and all(f.get("threshold_bytes") is not None for f in fresh):
+                pooled_fresh = {"threshold_bytes": int(statistics.median(f["threshold_bytes"] for f in fresh)),
+                                "ms_per_MiB": statistics.median(f["ms_per_MiB"] for f in fresh),
+                                "rows": [r for f in fresh for r in f.get("rows", [])]}
+            measured[w] = {**fsdp_overheads.fit(stacks, profile, int(w), pooled_fresh), "raw": stacks}
+        profile = dataclasses.replace(profile, fsdp={**profile.fsdp, **measured})
+    interconnect.write(profile, cfg.out)
+    return profile
+
+
 def format_profile(profile) -> str:
     from gnn_ptp import comm
 

@@ -553,6 +553,9 @@ def add_calibrate_parser(sub) -> None:
                         "reduce_scatter (FSDP's); fits of the others already in --out are kept")
     p.add_argument("--fsdp", action="store_true", default=None,
                    help="also measure FSDP2's host overheads on synthetic stacks (one machine, gloo)")
+    p.add_argument("--pool", nargs="+", type=lambda s: __import__("pathlib").Path(s), metavar="RUN",
+                   help="measure nothing: pool two or more runs' profile files of the same measurement on one "
+                        "machine (median time per size, overheads fitted to every run's stacks) into --out")
     p.set_defaults(run=run_calibrate)
 
 
@@ -562,7 +565,12 @@ def run_calibrate(args) -> int:
     cfg = config_from_args(args)
     cfg.validate()
     check_out(cfg)
-    profile = calibrate(cfg)
+    if getattr(args, "pool", None):
+        from gnn_ptp.calibrate import pool
+
+        profile = pool(cfg, args.pool)
+    else:
+        profile = calibrate(cfg)
     if profile is not None:
         print(format_profile(profile))
         print(f"wrote {args.out}")

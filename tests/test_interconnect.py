@@ -200,3 +200,53 @@ def test_calibrate_comm_refuses_to_overwrite_other_files(tmp_path, capsys):
     with pytest.raises(UserError, match="not overwriting"):
         _merge(CalibrateConfig(out=out), [], [], [], {"backend": "gloo"}, 2, False, 2)
     assert out.read_text() == "[1, 2, 3]"
+
+
+def _synthetic_rerun(path, tmp_path, factor: float):
+    """A SYNTHETIC second run of a real profile: every measured time and every synthetic stack's FSDP step
+    times ``factor`` (made up, named so), written next to the test."""
+    d = json.loads(path.read_text())
+    for r in d["measurements"]:
+        r["time_us"] *= factor
+    for w in d["fsdp"].values():
+        for s in w["raw"]:
+            s["fsdp"] = {k: v * factor for k, v in s["fsdp"].items()}
+    out = tmp_path / f"synthetic-rerun-{factor}.json"
+    out.write_text(json.dumps(d))
+    return out
+
+
+def test_calibrate_comm_pools_runs_by_the_median_and_refits_from_every_run_s_stacks(tmp_path, capsys):
+    """``calibrate-comm --pool A B --out C`` measures nothing: per world size, collective and size the
+    median of the runs' times, the lines and FSDP2's overheads fitted again from them; a run pooled with
+    itself gives back its own fits. Runs of another measurement, or a single run, are refused in one line."""
+    from gnn_ptp.calibrate import CalibrateConfig, pool
+
+    from pathlib import Path
+
+    real = Path(interconnect.__file__).with_name("interconnects") / "cpu-gloo-intel-r-xeon-r-processor-family-6-model-167.json"
+    original = interconnect.Interconnect.from_dict(json.loads(real.read_text()))
+    same = pool(CalibrateConfig(out=tmp_path / "same.json"), [real, real])
+    for a, b in zip(original.intra, same.intra):
+        assert (b.alpha_us, b.busbw_GBps) == pytest.approx((a.alpha_us, a.busbw_GBps))
+    assert same.fsdp["2"]["unit_forward_ms"] == pytest.approx(original.fsdp["2"]["unit_forward_ms"])
+    assert len(same.fsdp["4"]["raw"]) == 2 * len(original.fsdp["4"]["raw"])
+
+    slower = _synthetic_rerun(real, tmp_path, 1.5)
+    both = pool(CalibrateConfig(out=tmp_path / "both.json"), [real, slower])
+    key = lambda r: (r["gpus"], r["collective"], r["message_bytes"])  # noqa: E731
+    mine = {key(r): r["time_us"] for r in original.measurements}
+    assert all(r["time_us"] == pytest.approx(1.25 * mine[key(r)]) and r["runs"] == 2 for r in both.measurements)
+    assert both.env["pooled_from"][1]["file"] == str(slower)
+    assert original.fsdp["4"]["unit_backward_ms"] < both.fsdp["4"]["unit_backward_ms"]
+
+    d = json.loads(real.read_text())
+    d["measurements"] = [r for r in d["measurements"] if r["gpus"] == 2]
+    other = tmp_path / "two-ranks-only.json"
+    other.write_text(json.dumps(d))
+    with pytest.raises(UserError, match="not a run of the same measurement"):
+        pool(CalibrateConfig(out=tmp_path / "x.json"), [real, other])
+    assert main(["calibrate-comm", "--pool", str(real), "--out", str(tmp_path / "y.json")]) == 2
+    assert "two or more" in capsys.readouterr().err
+    assert main(["calibrate-comm", "--pool", str(real), str(tmp_path / "nope.json"), "--out", str(tmp_path / "z.json")]) == 2
+    assert "no such file" in capsys.readouterr().err
