@@ -5,7 +5,7 @@
 Prints GEMM throughput per dtype (the best of several sizes), the in-cache element-wise rate, copy
 bandwidth (bytes read + written per second), the launch floor and the seconds of the step-sized probe
 kernels (forward + backward at a training step's sizes, which move a prior between two kinds that both
-have them), measured by ``gnn_ptp.descriptor.measure_cpu``; ``--write`` stores them as this CPU model's
+have them) and what a fresh allocation costs above the allocator's mmap threshold, measured by ``gnn_ptp.descriptor.measure_cpu``; ``--write`` stores them as this CPU model's
 descriptor in ``gnn_ptp/hardware_descriptors/`` (what a checkpoint with ``hardware_descriptor`` or
 ``target = "log_ratio_prior"`` reads for records of this CPU). These are machine facts, not training labels.
 Before the descriptor existed this script printed an element-wise add over 64 MiB (memory-bound) as the
@@ -31,6 +31,12 @@ def main() -> None:
     print(f"{'element-wise (in cache)':<28}{d.vector_flops_per_s / 1e9:>12.1f} GFLOP/s")
     print(f"{'copy (read + write)':<28}{d.memory_bandwidth_Bps / 1e9:>12.1f} GB/s")
     print(f"{'launch floor':<28}{d.launch_floor_s * 1e6:>12.2f} us")
+    fresh = d.fresh_alloc
+    if fresh.get("threshold_bytes") is not None:
+        print(f"{'fresh allocation':<28}{fresh['ms_per_MiB']:>12.3f} ms/MiB above {fresh['threshold_bytes'] / 2 ** 20:.1f} MiB "
+              "(page faults)")
+    elif fresh:
+        print(f"{'fresh allocation':<28}{'no cost':>16} (no size up to 128 MiB was costly)")
     for group, seconds in d.step_probe_s.items():
         print(f"{'step probes, ' + group:<28}{sum(seconds.values()) * 1e3:>12.2f} ms ({len(seconds)} probes, "
               f"forward + backward; {d.probe_suite})")
