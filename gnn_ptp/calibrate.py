@@ -394,23 +394,30 @@ def calibrate(cfg: CalibrateConfig):
     else:
         rows, sharing, stacks = _run_local(cfg)
         rows = [{**r, "level": "intra"} for r in rows]
-        env = _environment("gloo", max(cfg.procs), 1)
-        fits = [_fit([r for r in rows if r["gpus"] == w and r["collective"] == "all_reduce"], w, "gloo-loopback",
-                     cfg, "gloo (fitted line)", None)
-                for w in cfg.procs] if "all_reduce" in cfg.collectives else []
-        collectives: dict = {}
-        for w in cfg.procs:
-            for kind, levels in _fit_collectives(rows, w, "intra", cfg, "gloo", None).items():
-                collectives.setdefault(kind, {}).setdefault("intra", []).extend(levels["intra"])
-        profile = _merge(cfg, fits, [], rows, env, max(cfg.procs), overlap=False, compute_slots=env["cpu_count"],
-                         sharing=sharing, collectives=collectives)
-        if cfg.fsdp:
-            from gnn_ptp import fsdp_overheads
-
-            measured = {str(w): {**fsdp_overheads.fit(got["stacks"], profile, w, got["fresh"]), "raw": got["stacks"]}
-                        for w, got in stacks.items()}
-            profile = dataclasses.replace(profile, fsdp={**profile.fsdp, **measured})
+        profile = _local_profile(cfg, rows, _environment("gloo", max(cfg.procs), 1), sharing, stacks)
     interconnect.write(profile, cfg.out)
+    return profile
+
+
+def _local_profile(cfg: CalibrateConfig, rows: list[dict], env: dict, sharing: dict, stacks: dict):
+    """The profile of gloo processes on one machine (``cfg.procs``) from their measured ``rows``: a line
+    per world size and collective, merged with ``cfg.out`` (``_merge``), and where ``stacks`` holds FSDP2's
+    synthetic stacks per world size (``{"stacks", "fresh"}``) the overheads fitted to them."""
+    fits = [_fit([r for r in rows if r["gpus"] == w and r["collective"] == "all_reduce"], w, "gloo-loopback",
+                 cfg, "gloo (fitted line)", None)
+            for w in cfg.procs] if "all_reduce" in cfg.collectives else []
+    collectives: dict = {}
+    for w in cfg.procs:
+        for kind, levels in _fit_collectives(rows, w, "intra", cfg, "gloo", None).items():
+            collectives.setdefault(kind, {}).setdefault("intra", []).extend(levels["intra"])
+    profile = _merge(cfg, fits, [], rows, env, max(cfg.procs), overlap=False, compute_slots=env["cpu_count"],
+                     sharing=sharing, collectives=collectives)
+    if stacks:
+        from gnn_ptp import fsdp_overheads
+
+        measured = {str(w): {**fsdp_overheads.fit(got["stacks"], profile, int(w), got["fresh"]), "raw": got["stacks"]}
+                    for w, got in stacks.items()}
+        profile = dataclasses.replace(profile, fsdp={**profile.fsdp, **measured})
     return profile
 
 
@@ -459,31 +466,19 @@ def pool(cfg: CalibrateConfig, runs: list[Path]):
             for key, got in sorted(times.items()) if len(got) == len(loaded)]
     sharing = {w: {k: statistics.median(p.node_sharing[w][k] for p in loaded) for k in first.node_sharing[w]}
                for w in first.node_sharing if all(w in p.node_sharing for p in loaded)}
-    procs = sorted(worlds(first))
-    cfg = dataclasses.replace(cfg, procs=tuple(procs), collectives=tuple(sorted({r["collective"] for r in rows})))
-    fits = [_fit([r for r in rows if r["gpus"] == w and r["collective"] == "all_reduce"], w, "gloo-loopback", cfg,
-                 "gloo (fitted line)", None) for w in procs]
-    collectives: dict = {}
-    for w in procs:
-        for kind, levels in _fit_collectives(rows, w, "intra", cfg, "gloo", None).items():
-            collectives.setdefault(kind, {}).setdefault("intra", []).extend(levels["intra"])
+    cfg = dataclasses.replace(cfg, procs=tuple(sorted(worlds(first))),
+                              collectives=tuple(sorted({r["collective"] for r in rows})))
+    stacks = {}
+    for w in first.fsdp:
+        fresh = [p.fsdp[w]["fresh"] for p in loaded if p.fsdp[w].get("fresh")]
+        pooled_fresh = None
+        if len(fresh) == len(loaded) and all(f.get("threshold_bytes") is not None for f in fresh):
+            pooled_fresh = {"threshold_bytes": int(statistics.median(f["threshold_bytes"] for f in fresh)),
+                            "ms_per_MiB": statistics.median(f["ms_per_MiB"] for f in fresh),
+                            "rows": [r for f in fresh for r in f.get("rows", [])]}
+        stacks[w] = {"stacks": [s for p in loaded for s in p.fsdp[w].get("raw", [])], "fresh": pooled_fresh}
     env = {**first.env, "pooled_from": [{"file": str(path), "date": p.env.get("date")} for path, p in zip(runs, loaded)]}
-    profile = _merge(cfg, fits, [], rows, env, max(procs), overlap=first.overlap, compute_slots=first.compute_slots,
-                     sharing=sharing, collectives=collectives)
-    if first.fsdp:
-        from gnn_ptp import fsdp_overheads
-
-        measured = {}
-        for w in first.fsdp:
-            stacks = [s for p in loaded for s in p.fsdp[w].get("raw", [])]
-            fresh = [p.fsdp[w]["fresh"] for p in loaded if p.fsdp[w].get("fresh")]
-            pooled_fresh = None
-            if len(fresh) == len(loaded) and all(f.get("threshold_bytes") is not None for f in fresh):
-                pooled_fresh = {"threshold_bytes": int(statistics.median(f["threshold_bytes"] for f in fresh)),
-                                "ms_per_MiB": statistics.median(f["ms_per_MiB"] for f in fresh),
-                                "rows": [r for f in fresh for r in f.get("rows", [])]}
-            measured[w] = {**fsdp_overheads.fit(stacks, profile, int(w), pooled_fresh), "raw": stacks}
-        profile = dataclasses.replace(profile, fsdp={**profile.fsdp, **measured})
+    profile = _local_profile(cfg, rows, env, sharing, stacks)
     interconnect.write(profile, cfg.out)
     return profile
 
