@@ -155,15 +155,31 @@ class Descriptor:
             raise UserError(f"hardware descriptor: {e}") from None
 
 
-def transfer(profile, source: "Descriptor", target: "Descriptor"):
+TRANSFER_MODES = ("ceilings", "split")
+CPU_TRANSFER = "ceilings"
+"""How ``transfer`` moves a prior between two CPU kinds without shared step probes (``TRANSFER_MODES``)."""
+
+
+def transfer(profile, source: "Descriptor", target: "Descriptor", mode: str | None = None):
     """A prior fitted on ``source``'s hardware (``profile``: its curves at that hardware's rates) moved to
     ``target``: every peak scaled by ``transfer_ratios`` (the target's measured rate over the source's: the
     step-sized probes where both kinds have them, else the ceilings), the launch floor and the host costs
     by their dispatch floors (Python and the dispatcher run on the same core as that one-element op). The
     curves, fractions of the peaks, are kept. A prior fitted with a fresh-allocation cost
     (``prior.Profile.fresh_s_per_byte``) takes the target's measured one, or none where the target has no
-    measurement (a cost is not moved between kinds: it is the operating system's and allocator's)."""
+    measurement (a cost is not moved between kinds: it is the operating system's and allocator's).
+
+    ``mode`` (default ``CPU_TRANSFER``) "split", between two CPU kinds that do not share step probes: each
+    kernel's time is split instead (``prior.Profile.moved_from``, ``prior.split_moved_seconds``). Its time
+    at the source's measured ceilings moves to its time at the target's; the rest, what the fitted curves
+    add above the ceilings, moves by the non-GEMM ratio (the geometric mean of the element-wise and
+    bandwidth ratios, the pairing the step probes use). A kernel far below its peak, as a step's small GEMMs
+    are below a matrix unit's, then moves by the core's memory and vector speed, not by that peak."""
     from dataclasses import replace
+
+    mode = mode or CPU_TRANSFER
+    if mode not in TRANSFER_MODES:
+        raise UserError(f"hardware transfer mode {mode!r}: allowed: {', '.join(TRANSFER_MODES)}")
 
     hw = profile.hardware
     ratio = transfer_ratios(source, target)
@@ -178,7 +194,18 @@ def transfer(profile, source: "Descriptor", target: "Descriptor"):
         return tuple(c * host for c in costs) if costs else costs
 
     fresh = target.fresh() if profile.fresh_threshold_bytes is not None else None
-    return replace(profile, hardware=moved, launch_floor_s=profile.launch_floor_s * host,
+    moved_from = profile.moved_from
+    if (mode == "split" and source.kind == target.kind == "cpu" and source != target
+            and not probes_shared(source, target)):
+        rest = math.sqrt(ratio["vector"] * ratio["memory"])
+        if moved_from is None:
+            moved_from = (profile, source.hardware(), target.hardware(), rest)
+        else:  # moved before: the rest of the first source's time moves by both ratios
+            moved_from = (moved_from[0], moved_from[1], target.hardware(), moved_from[3] * rest)
+    elif moved_from is not None:
+        raise UserError(f"a prior moved by splitting its kernels' time cannot move on from {source.name!r} "
+                        f"to {target.name!r} by the {'step probes' if mode == 'split' else mode}")
+    return replace(profile, hardware=moved, moved_from=moved_from, launch_floor_s=profile.launch_floor_s * host,
                    host_issue_s=scaled(profile.host_issue_s), host_fixed_s=scaled(profile.host_fixed_s),
                    fresh_threshold_bytes=fresh["threshold_bytes"] if fresh else None,
                    fresh_s_per_byte=fresh["s_per_byte"] if fresh else 0.0)

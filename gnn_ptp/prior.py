@@ -151,6 +151,14 @@ class Profile:
     0.23 ms per MiB on this project's Intel kind, where a large out-of-place add runs at 7 GB/s against
     24-41 GB/s in place."""
 
+    moved_from: "tuple[Profile, Hardware, Hardware, float] | None" = None
+    """Where this profile is another CPU kind's prior moved here by splitting each kernel's time
+    (``descriptor.transfer(..., mode="split")``): (the source kind's profile, the source's and this kind's
+    measured ceilings, how much faster this kind runs the part of a kernel's time above its ceilings).
+    ``node_seconds`` then prices each kernel on the source, moves its time at the source's ceilings to its
+    time at this kind's and divides the rest by that ratio (``split_moved_seconds``). None: the curves
+    apply to this profile's rates directly."""
+
     @property
     def serial(self) -> bool:
         """A CPU: the thread that issues a kernel runs it, so a phase with host costs is their plain sum,
@@ -263,11 +271,14 @@ def fresh_seconds(fresh: torch.Tensor | None, threshold: float | None, s_per_byt
     return faulted * s_per_byte
 
 
-def node_seconds(x: torch.Tensor, x_cat: torch.Tensor, profile: Profile,
-                 fresh: torch.Tensor | None = None) -> torch.Tensor:
-    """Prior time in seconds of every node (float64 [N]) from its features (graph.py's ``x``, ``x_cat``)
-    and, on a CPU whose fresh-allocation cost is measured, what it allocates (``fresh_bytes``)."""
+def _kernel_seconds(x: torch.Tensor, x_cat: torch.Tensor, profile: Profile,
+                    ceilings: Hardware | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per node (float64 [N]): the time the profile's curves give it (compute or memory, the longer; no
+    launch floor, no fresh allocations), and its time at the peak rates of ``ceilings`` (default: the
+    profile's hardware) with ideal curves, ``max(FLOPs / rate of its path, bytes / bandwidth)``, a
+    ``streaming`` category by its bytes alone."""
     hw = profile.hardware
+    ceilings = ceilings or hw
     flops = _unlog(x[:, 0])
     moved = _unlog(x[:, 1]) + _unlog(x[:, 2])
     intensity = flops / (moved + 1.0)
@@ -280,6 +291,7 @@ def node_seconds(x: torch.Tensor, x_cat: torch.Tensor, profile: Profile,
     if not any(BACKWARD_SUFFIX in key for key in profile.gemm):  # no backward curve: one group each
         backward = torch.zeros_like(backward)
     rate = torch.empty_like(flops)
+    peak = torch.empty_like(flops)
     efficiency = torch.empty_like(flops)
     bandwidth = torch.empty_like(flops)
     for (d, c, t, g, b) in set(zip(dtype.tolist(), category.tolist(), tc.tolist(), gemm.tolist(),
@@ -289,13 +301,43 @@ def node_seconds(x: torch.Tensor, x_cat: torch.Tensor, profile: Profile,
         rate[rows] = hw.flops_rate(name, t, gemm=g)
         if not g and cat in profile.streaming:
             efficiency[rows] = float("inf")  # priced by its bytes alone
+            peak[rows] = float("inf")
         else:
             curve = profile.gemm_curve(name, cat, b) if g else profile.vector_curve(cat)
             efficiency[rows] = curve(flops[rows], intensity[rows])
+            peak[rows] = ceilings.flops_rate(name, t, gemm=g)
         bandwidth[rows] = profile.memory_curve(cat, name)(moved[rows])
     compute_s = flops / (rate * efficiency)
     memory_s = moved / (hw.memory_bandwidth_Bps * bandwidth)
-    seconds = torch.maximum(torch.maximum(compute_s, memory_s), torch.full_like(flops, profile.launch_floor_s))
+    ideal_s = torch.maximum(flops / peak, moved / ceilings.memory_bandwidth_Bps)
+    return torch.maximum(compute_s, memory_s), ideal_s
+
+
+def split_moved_seconds(source_s: torch.Tensor, source_ideal_s: torch.Tensor, target_ideal_s: torch.Tensor,
+                        rest_ratio: float) -> torch.Tensor:
+    """A kernel's time moved to another kind by splitting it (``Profile.moved_from``): its time at the
+    source's ceilings becomes its time at the target's, the rest (what the source's curves add above the
+    ceilings: small kernels' tiling and packing, caches, loop overheads) is divided by ``rest_ratio``. A
+    kernel priced at or under its ceilings' time (a CPU curve may run an in-cache kernel above DRAM
+    bandwidth) moves by the ceilings alone."""
+    above = source_s > source_ideal_s
+    by_ceilings = source_s * target_ideal_s / source_ideal_s.clamp_min(1e-300)
+    split = target_ideal_s + (source_s - source_ideal_s) / rest_ratio
+    return torch.where(above, split, torch.where(source_ideal_s > 0, by_ceilings, source_s / rest_ratio))
+
+
+def node_seconds(x: torch.Tensor, x_cat: torch.Tensor, profile: Profile,
+                 fresh: torch.Tensor | None = None) -> torch.Tensor:
+    """Prior time in seconds of every node (float64 [N]) from its features (graph.py's ``x``, ``x_cat``)
+    and, on a CPU whose fresh-allocation cost is measured, what it allocates (``fresh_bytes``)."""
+    if profile.moved_from is None:
+        seconds, _ = _kernel_seconds(x, x_cat, profile)
+    else:
+        source, source_ceilings, target_ceilings, rest_ratio = profile.moved_from
+        source_s, source_ideal_s = _kernel_seconds(x, x_cat, source, ceilings=source_ceilings)
+        _, target_ideal_s = _kernel_seconds(x, x_cat, source, ceilings=target_ceilings)
+        seconds = split_moved_seconds(source_s, source_ideal_s, target_ideal_s, rest_ratio)
+    seconds = torch.maximum(seconds, torch.full_like(seconds, profile.launch_floor_s))
     faults = fresh_seconds(fresh, profile.fresh_threshold_bytes, profile.fresh_s_per_byte)
     return seconds if faults is None else seconds + faults
 
