@@ -305,7 +305,8 @@ def run_train(args) -> int:
 
 PROTOCOL_ONLY = {"config": None, "epochs": None, "patience": None, "families": None, "seeds": "0",
                  "variants": "gnn,gnn-prior", "threads": None, "bootstrap": 2000, "shipped_prior": False,
-                 "jobs": 1, "hardware_folds": "all", "hardware_transfer": "nearest"}
+                 "jobs": 1, "hardware_folds": "all", "hardware_transfer": "nearest",
+                 "transfer_mode": "ceilings"}
 """``evaluate``'s options that only a --protocol run reads, with their defaults."""
 
 
@@ -345,6 +346,10 @@ def add_evaluate_parser(sub) -> None:
     g.add_argument("--hardware-transfer", default=PROTOCOL_ONLY["hardware_transfer"],
                    help="hardware: price a kind tested on by the prior of the training kind with the nearest "
                         "ceilings (nearest, default) or the geometric mean of every training kind's (mean)")
+    g.add_argument("--transfer-mode", default=PROTOCOL_ONLY["transfer_mode"],
+                   help="hardware, CPU kinds: move a prior to another kind by its ceilings' ratios (ceilings, "
+                        "default) or only each kernel's time at the ceilings so, the rest by the non-GEMM "
+                        "ratio (split)")
     g.add_argument("--bootstrap", type=_positive_int, default=PROTOCOL_ONLY["bootstrap"],
                    help="bootstrap resamples (default 2000)")
     g.add_argument("--shipped-prior", action="store_true",
@@ -404,7 +409,7 @@ def run_protocol(args) -> int:
                     variants=tuple(v.strip() for v in args.variants.split(",") if v.strip()),
                     threads=args.threads, bootstrap=args.bootstrap, refit_prior=not args.shipped_prior,
                     jobs=args.jobs, hardware_folds=args.hardware_folds,
-                    hardware_transfer=args.hardware_transfer)
+                    hardware_transfer=args.hardware_transfer, transfer_mode=args.transfer_mode)
     result = run(args.protocol, args.data, args.config, budget, strict=args.strict)
     print(json.dumps(result, indent=2) if args.json else format_result(result))
     return 0

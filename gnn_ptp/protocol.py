@@ -53,6 +53,8 @@ PROTOCOLS = ("lofo", "size", "hardware")
 VARIANTS = ("gnn", "gnn-prior")
 HARDWARE_FOLDS = ("pairs", "rest", "all")
 HARDWARE_TRANSFERS = ("nearest", "mean")
+TRANSFER_MODES = ("ceilings", "split")
+"""``descriptor.TRANSFER_MODES``, spelled here so that a budget is checked without importing it."""
 SIZE_FACTOR = 4.0
 """``size``: test configurations have at least this many times the FLOPs of the largest training one."""
 TARGETS = {"lofo_mean_mape": 8.0, "lofo_worst_mape": 15.0, "size_mape": 12.0, "hardware_mape": 15.0,
@@ -87,6 +89,10 @@ class Budget:
     hardware_transfer: str = "nearest"
     """hardware: a kind tested on is priced by the nearest training kind's prior (``nearest``) or the
     geometric mean of every training kind's (``mean``), moved by the ceilings (``PriorRefit.transfer``)."""
+    transfer_mode: str = "ceilings"
+    """hardware: how a CPU kind's prior moves to another CPU kind (``descriptor.transfer``'s mode:
+    ``ceilings``, every peak by the ceilings' ratio, the default; ``split``, only a kernel's time at the
+    ceilings by them and the rest by the non-GEMM ratio)."""
     jobs: int = 1
     """Folds trained at once, each in a forked worker process (``threads`` torch threads each, 1 when
     unset): a leave-one-family-out run is 17 independent folds per seed. Same results as one at a time."""
@@ -102,7 +108,8 @@ class Budget:
                             + (closest(unknown[0], VARIANTS) if unknown else ""))
         if not self.seeds:
             raise UserError("protocol needs at least one seed")
-        for name, allowed in (("hardware_folds", HARDWARE_FOLDS), ("hardware_transfer", HARDWARE_TRANSFERS)):
+        for name, allowed in (("hardware_folds", HARDWARE_FOLDS), ("hardware_transfer", HARDWARE_TRANSFERS),
+                              ("transfer_mode", TRANSFER_MODES)):
             value = getattr(self, name)
             if value not in allowed:
                 raise UserError(f"protocol {name.replace('_', ' ')} {value!r}: allowed: {', '.join(allowed)}"
@@ -198,6 +205,8 @@ class PriorRefit:
     """Every hardware kind of the data (with or without profiles), by name: a CPU kind is fitted as its
     descriptor's hardware (a GPU as ``gnn_ptp/hardware.py``'s), and a kind only tested on in a fold is
     priced from them (``apply``)."""
+    mode: str = "ceilings"
+    """How a prior moves between CPU kinds (``descriptor.transfer``'s mode)."""
     transfer: str = "nearest"
     """A kind only tested on, with several training kinds in the fold: priced by the prior of the one whose
     ceilings are nearest (``descriptor.ceiling_gap``), or by the geometric mean of every training kind's
@@ -239,7 +248,7 @@ class PriorRefit:
             if name in tested and sources:  # the fold's own fit, moved by the measured ceilings
                 if self.transfer == "nearest":  # the training kind whose ceilings are nearest
                     sources = [min(sources, key=lambda n: descriptor.ceiling_gap(self.descriptors[n], desc))]
-                self._price(parts, name, *(descriptor.transfer(fitted[n], self.descriptors[n], desc)
+                self._price(parts, name, *(descriptor.transfer(fitted[n], self.descriptors[n], desc, self.mode)
                                            for n in sources))
                 info[name] = {"transferred_from": sources[0] if len(sources) == 1 else sources}
             elif desc.steps_fitted_on() in tested:  # the shipped prior has seen the steps under test
@@ -270,7 +279,8 @@ FALLBACK_SECTION = {"cpu": "microbench-cpu", "gpu": "h100-neusight"}
 which the shipped one was fitted to the steps under test and no training kind has profiles to refit."""
 
 
-def prior_refit(data_dirs, log, strict: bool = False, transfer: str = "nearest") -> PriorRefit | None:
+def prior_refit(data_dirs, log, strict: bool = False, transfer: str = "nearest",
+                mode: str = "ceilings") -> PriorRefit | None:
     """``PriorRefit`` for the folders of ``data_dirs`` whose records have per-op profiles, GPU or CPU (None
     when there is none)."""
     from gnn_ptp import descriptor, node_labels
@@ -285,7 +295,7 @@ def prior_refit(data_dirs, log, strict: bool = False, transfer: str = "nearest")
         log(f"{d}: the {desc.name} prior is refitted in every fold to the fold's training configurations "
             "(per-op profiles; the shipped one has seen most families)")
         seconds[desc.name] = node_labels.node_seconds(d, own)
-    return PriorRefit(seconds, descriptors=descriptors, transfer=transfer) if seconds else None
+    return PriorRefit(seconds, descriptors=descriptors, transfer=transfer, mode=mode) if seconds else None
 
 
 # --- training one fold -----------------------------------------------------------------------------------
@@ -450,7 +460,7 @@ def run(protocol: str, data_dirs, config=None, budget: Budget = Budget(), log=No
         _check_kinds(data_dirs, strict)  # from the records alone, before any graph is traced
     measured, samples, repeats = loaded or load(data_dirs, base.model.precision_aware, log, strict,
                                                 node_labels=bool(base.node_weight))
-    refit = prior_refit(data_dirs, log, strict, budget.hardware_transfer) if budget.refit_prior else None
+    refit = prior_refit(data_dirs, log, strict, budget.hardware_transfer, budget.transfer_mode) if budget.refit_prior else None
     rng = np.random.default_rng(0)
     start = time.perf_counter()
     if protocol == "lofo":

@@ -370,3 +370,85 @@ def test_the_fresh_allocation_cost_is_measured_in_one_process_and_added_to_this_
     monkeypatch.setattr(descriptor, "stored_cpus", lambda folder=None: {})
     assert descriptor.main(["--fresh"]) == 2
     assert "--fresh: no stored descriptor" in capsys.readouterr().err
+
+
+def with_ceilings(d: Descriptor, name: str, **factors) -> Descriptor:
+    """``d`` renamed, with SYNTHETIC ceilings: each named GEMM dtype's rate (``bf16=7``), ``vector`` or
+    ``memory`` times its factor."""
+    from dataclasses import replace
+
+    rates = {k: v * factors.get(k, 1.0) for k, v in d.gemm_flops_per_s.items()}
+    return replace(d, name=name, gemm_flops_per_s=rates,
+                   vector_flops_per_s=d.vector_flops_per_s * factors.get("vector", 1.0),
+                   memory_bandwidth_Bps=d.memory_bandwidth_Bps * factors.get("memory", 1.0))
+
+
+def test_split_moved_seconds_moves_the_time_at_the_ceilings_by_them_and_the_rest_by_its_ratio():
+    """SYNTHETIC times: 10 s priced against 1 s at the source's ceilings and 0.5 s at the target's, the
+    rest 2x faster there: 0.5 + 9 / 2; a kernel priced at or under its ceilings' time moves by them."""
+    got = prior.split_moved_seconds(torch.tensor([10.0, 0.5, 0.0], dtype=torch.float64),
+                                    torch.tensor([1.0, 1.0, 0.0], dtype=torch.float64),
+                                    torch.tensor([0.5, 0.25, 0.0], dtype=torch.float64), 2.0)
+    assert got.tolist() == pytest.approx([5.0, 0.125, 0.0])
+
+
+def test_a_split_transfer_moves_small_gemms_by_the_core_and_large_ones_by_the_peak():
+    """Two SYNTHETIC CPU kinds alike but for a 7x bf16 GEMM peak (a matrix unit) on the target. Moved by the
+    ceilings, every bf16 GEMM runs 7x faster; split, a small GEMM far below the source's peak keeps its
+    time (the rest of it moves by the non-GEMM ratio, 1 here) and one at its peak runs 7x faster. The same
+    kind, or kinds sharing step probes, are moved as before; two moves compose; a bad mode is one line."""
+    from dataclasses import replace
+
+    src = synthetic_cpu(1.0, "synthetic-home-cpu")
+    tgt = with_ceilings(src, "synthetic-amx-cpu", bf16=7.0)
+    peak = src.gemm_flops_per_s["bf16"]
+    profile = prior.Profile(src.hardware(), gemm={"bf16": prior.Curve(1.0, 1e9, 1.0)},
+                            launch_floor_s=1e-9)
+    x, x_cat = nodes([1e7, 1e13], [1e3, 1e3], dtype="bf16")
+    before = prior.node_seconds(x, x_cat, profile)
+    by_ceilings = prior.node_seconds(x, x_cat, descriptor.transfer(profile, src, tgt, mode="ceilings"))
+    assert (before / by_ceilings).tolist() == pytest.approx([7.0, 7.0])
+    split = descriptor.transfer(profile, src, tgt, mode="split")
+    assert split.moved_from is not None and split.moved_from[3] == pytest.approx(1.0)
+    moved = prior.node_seconds(x, x_cat, split)
+    small_ideal, large_ideal = 1e7 / peak, 1e13 / peak
+    assert moved[0] == pytest.approx(small_ideal / 7 + float(before[0]) - small_ideal)
+    assert float(before[0] / moved[0]) < 1.01
+    assert float(before[1] / moved[1]) == pytest.approx(7 * (1 + 1e-4) / (1 + 7e-4), rel=1e-6)
+
+    # the rest moves by the geometric mean of the element-wise and bandwidth ratios
+    slow = with_ceilings(src, "synthetic-slow-core", vector=0.5, memory=0.125)
+    assert descriptor.transfer(profile, src, slow, mode="split").moved_from[3] == pytest.approx(0.25)
+    # two moves compose: home -> AMX -> slow core prices a kernel above its ceilings as home -> slow core
+    twice = descriptor.transfer(split, tgt, slow, mode="split")
+    once = descriptor.transfer(profile, src, slow, mode="split")
+    assert prior.node_seconds(x, x_cat, twice).tolist() == pytest.approx(prior.node_seconds(x, x_cat, once).tolist())
+
+    assert descriptor.transfer(profile, src, src, mode="split").moved_from is None
+    probes = {g: 1e-3 for g in descriptor.PROBE_GROUPS}
+    assert descriptor.transfer(profile, with_probes(src, probes), with_probes(tgt, probes),
+                               mode="split").moved_from is None
+    gpu = descriptor.GPU_DESCRIPTORS
+    assert descriptor.transfer(replace(profile, hardware=gpu["h100"].hardware()), gpu["h100"], gpu["h200"],
+                               mode="split").moved_from is None
+    with pytest.raises(UserError, match="hardware transfer mode 'splt': allowed: ceilings, split"):
+        descriptor.transfer(profile, src, tgt, mode="splt")
+    with pytest.raises(UserError, match="cannot move on"):
+        descriptor.transfer(split, tgt, src, mode="ceilings")
+
+
+def test_transfer_prior_refuses_what_it_cannot_compare(tmp_path):
+    """benchmarks/transfer_prior.py needs two CPU folders or more and known modes: one line each."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "transfer_prior.py"
+    spec = importlib.util.spec_from_file_location("transfer_prior", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    with pytest.raises(UserError, match="--modes ceiling: allowed: ceilings, split"):
+        module.main(["--data", "datasets/cpu", "datasets/h200-blind", "--modes", "ceiling"])
+    with pytest.raises(UserError, match="needs two folders or more"):
+        module.main(["--data", "datasets/cpu"])
+    with pytest.raises(UserError, match="not a CPU kind"):
+        module.main(["--data", "datasets/cpu", "datasets/h200-blind"])

@@ -415,6 +415,26 @@ def test_a_cpu_kind_only_tested_on_gets_the_fold_s_fit_moved_by_its_measured_cei
         torch.testing.assert_close(slow.prior_log_ms, home.prior_log_ms + math.log(2.0), rtol=0, atol=1e-4)
 
 
+def test_the_hardware_protocol_moves_a_cpu_prior_in_the_transfer_mode_it_is_given(monkeypatch):
+    """``--transfer-mode split`` reaches ``descriptor.transfer``; with every rate halved (the SYNTHETIC
+    kind) the split moves the steps 2x too: the ceilings' time and the rest both move by one half."""
+    from gnn_ptp import descriptor
+
+    modes, transfer = [], descriptor.transfer
+
+    def recorded(profile, source, target, mode=None):
+        modes.append((source.name, target.name, mode))
+        return transfer(profile, source, target, mode)
+
+    monkeypatch.setattr(descriptor, "transfer", recorded)
+    refit, parts, kinds = _cpu_fold("amd-epyc", "synthetic-slow-cpu", with_profiles=True)
+    refit.mode = "split"
+    assert refit.apply(parts)["synthetic-slow-cpu"] == {"transferred_from": "amd-epyc"}
+    assert ("amd-epyc", "synthetic-slow-cpu", "split") in modes
+    for home, slow in zip(parts["train"], parts["test"]):
+        torch.testing.assert_close(slow.prior_log_ms, home.prior_log_ms + math.log(2.0), rtol=0, atol=1e-4)
+
+
 def test_a_kind_left_out_of_several_gets_the_nearest_kind_s_fit_or_the_geometric_mean_of_all():
     """Hardware protocol, ``rest`` fold: two training kinds, the first CPU kind and a SYNTHETIC one that
     claims twice its rates but runs the same steps no faster; the SYNTHETIC test kind has half the first

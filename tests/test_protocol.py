@@ -395,6 +395,8 @@ def test_the_hardware_protocol_s_folds_pairs_and_the_rest():
         protocol.Budget(hardware_folds="rset")
     with pytest.raises(UserError, match="hardware transfer 'nearst': allowed: nearest, mean.*nearest"):
         protocol.Budget(hardware_transfer="nearst")
+    with pytest.raises(UserError, match="transfer mode 'splt': allowed: ceilings, split"):
+        protocol.Budget(transfer_mode="splt")
 
 
 def test_cli_protocol_json_and_the_one_kind_refusal(synthetic_dir, capsys, monkeypatch):
