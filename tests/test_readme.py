@@ -135,6 +135,15 @@ NOT_IN_CI = {
     "--variants gnn-prior --jobs 2 --threads 1 --json": ("trains 18 GNNs on 399-798 configurations each (an "
                                                          "hour); tests/test_protocol.py runs the protocol on "
                                                          "synthetic kinds", "parse"),
+    "python benchmarks/transfer_prior.py --data datasets/cpu datasets/cpu-amd-epyc-family-26-model-2 "
+    "datasets/cpu-intel-r-xeon-r-processor-family-6-model-167": (
+        "benchmark: traces 399 configurations on a fresh clone (minutes); test_descriptor.py runs the split "
+        "transfer on synthetic kinds and the script's refusals", "none"),
+    "gnn-ptp evaluate --protocol hardware --data datasets/cpu datasets/cpu-amd-epyc-family-26-model-2 "
+    "datasets/cpu-intel-r-xeon-r-processor-family-6-model-167 --config training/protocol_cpu.toml --seeds 0,1 "
+    "--variants gnn-prior --jobs 2 --threads 1 --hardware-folds pairs --transfer-mode split --json": (
+        "trains 12 GNNs on 399 configurations each (15 minutes on two cores); test_prior_fit.py runs the "
+        "split transfer in a protocol fold", "parse"),
     "python benchmarks/fsdp_gloo.py": ("benchmark: the FSDP schedule against 52 gloo FSDP2 records", "none"),
     "python benchmarks/fsdp_gloo.py --data datasets/cpu-amd-epyc-family-26-model-2 --interconnect "
     "gnn_ptp/interconnects/cpu-gloo-amd-epyc-family-26-model-2.json": (
