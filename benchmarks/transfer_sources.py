@@ -11,7 +11,8 @@ both kinds profiled and the kernels the profiles matched:
 - **measured target / source**: how much longer the category's kernels took on the target (sum over the
   configurations, and the median of the per-configuration ratios);
 - **prior target / source**: what the source kind's prior, moved to the target by the descriptors
-  (``descriptor.transfer``), says that ratio is; with ``--section`` another calibration section's curves;
+  (``descriptor.transfer``), says that ratio is; with ``--section`` another calibration section's curves,
+  with ``--mode split`` the split transfer (``descriptor.TRANSFER_MODES``);
 - **rates' time ratio**: source rate / target rate of the rate that moves it (``descriptor.transfer_ratios``:
   the GEMM rate of the dtype, or element-wise; the bandwidth beside it; the ceilings, or the step probes
   where both kinds have them).
@@ -62,6 +63,9 @@ def main(argv=None) -> int:
     ap.add_argument("--source", default="datasets/cpu", help="dataset folder of the kind the prior comes from")
     ap.add_argument("--target", required=True, help="dataset folder of the kind it is moved to")
     ap.add_argument("--section", help="calibration section of the curves (default: the source kind's own)")
+    ap.add_argument("--mode", default=descriptor.CPU_TRANSFER,
+                    help=f"how the prior moves to the target (allowed: {', '.join(descriptor.TRANSFER_MODES)}; "
+                         f"default {descriptor.CPU_TRANSFER})")
     ap.add_argument("--min-share", type=float, default=0.5, help="leave out categories under this %% of the "
                                                                     "source's step time (default 0.5)")
     args = ap.parse_args(argv)
@@ -71,12 +75,16 @@ def main(argv=None) -> int:
                         "same grid measured on two kinds is what this compares)")
     src, tgt = kinds = [descriptor.for_env(configs[0].env) for configs in measured]
     section = args.section or src.curves_section()
-    sums = [category_sums(d, k.profile(section)) for d, k in zip((args.source, args.target), kinds)]
+    if args.mode not in descriptor.TRANSFER_MODES:
+        raise UserError(f"--mode {args.mode}: allowed: {', '.join(descriptor.TRANSFER_MODES)}")
+    own = src.profile(section)
+    moved = descriptor.transfer(own, src, tgt, args.mode)
+    sums = [category_sums(args.source, own), category_sums(args.target, moved)]
     common = sorted(set(sums[0]) & set(sums[1]))
     if not common:
         raise UserError(f"--source {args.source} and --target {args.target} share no profiled configuration")
     print(f"{src.name} -> {tgt.name}: {len(common)} configurations profiled on both; curves of section "
-          f"{section!r} (fitted on {descriptor.calibrated_descriptor(section).name})\n")
+          f"{section!r} (fitted on {descriptor.calibrated_descriptor(section).name}), moved by {args.mode!r}\n")
     totals = defaultdict(lambda: np.zeros(4))  # measured src, measured tgt, prior src, prior tgt
     ratios = defaultdict(list)
     moves = descriptor.transfer_ratios(src, tgt)  # target over source, what the prior is moved by

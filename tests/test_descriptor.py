@@ -308,6 +308,8 @@ def test_transfer_sources_refuses_folders_it_cannot_compare(tmp_path):
         module.main(["--source", "datasets/cpu", "--target", str(tmp_path / "empty")])
     with pytest.raises(UserError, match="share no configuration"):
         module.main(["--source", "datasets/cpu", "--target", "datasets/h200-blind"])
+    with pytest.raises(UserError, match="--mode splitt: allowed: ceilings, split"):
+        module.main(["--source", "datasets/cpu", "--target", "datasets/cpu", "--mode", "splitt"])
 
 
 MiB = 2 ** 20
