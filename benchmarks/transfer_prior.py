@@ -32,13 +32,13 @@ from gnn_ptp.errors import UserError  # noqa: E402
 
 
 def kind_of(folder: str):
-    """(the folder's measured configurations, their samples, the CPU kind's descriptor)."""
+    """(the folder's samples, the CPU kind's descriptor)."""
     measured = dataset.measured_configs(folder)  # refuses an empty folder
     desc = descriptor.for_env(measured[0].env)
     if desc.kind != "cpu":
         raise UserError(f"--data {folder}: measured on {desc.name!r}, not a CPU kind (this compares CPU kinds)")
     samples = dataset.make_samples(measured, dataset.load_graphs(folder, measured, True))
-    return measured, samples, desc
+    return samples, desc
 
 
 def score(samples, profile) -> dict:
@@ -64,10 +64,10 @@ def main(argv=None) -> int:
     if len(args.data) < 2:
         raise UserError(f"--data {' '.join(args.data)}: needs two folders or more (one CPU kind each)")
     kinds = {folder: kind_of(folder) for folder in args.data}
-    names = [k[2].name for k in kinds.values()]
+    names = [desc.name for _, desc in kinds.values()]
     if len(set(names)) < len(names):
         raise UserError(f"--data {' '.join(args.data)}: two folders of the same CPU kind ({names})")
-    for folder, (_, _, desc) in kinds.items():
+    for folder, (_, desc) in kinds.items():
         fitted_on = desc.steps_fitted_on()
         print(f"{desc.name}: {folder}, section {desc.curves_section()!r}, steps fitted on {fitted_on or 'none'}"
               f"{'' if fitted_on == desc.name else '  (NOT its own steps: a pair from it is no held-out score)'}")
@@ -76,7 +76,7 @@ def main(argv=None) -> int:
     print(head)
     rows = []
     for src_folder, tgt_folder in itertools.permutations(args.data, 2):
-        src, (_, samples, tgt) = kinds[src_folder][2], kinds[tgt_folder]
+        src, (samples, tgt) = kinds[src_folder][1], kinds[tgt_folder]
         own = src.profile()
         results = {m: score(samples, descriptor.transfer(own, src, tgt, mode=m)) for m in modes}
         rows.append((src.name, tgt.name, results))

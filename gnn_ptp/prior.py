@@ -272,13 +272,12 @@ def fresh_seconds(fresh: torch.Tensor | None, threshold: float | None, s_per_byt
 
 
 def _kernel_seconds(x: torch.Tensor, x_cat: torch.Tensor, profile: Profile,
-                    ceilings: Hardware | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                    *ceilings: Hardware) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """Per node (float64 [N]): the time the profile's curves give it (compute or memory, the longer; no
-    launch floor, no fresh allocations), and its time at the peak rates of ``ceilings`` (default: the
-    profile's hardware) with ideal curves, ``max(FLOPs / rate of its path, bytes / bandwidth)``, a
-    ``streaming`` category by its bytes alone."""
+    launch floor, no fresh allocations), and for each of ``ceilings`` its time at those peak rates with
+    ideal curves, ``max(FLOPs / rate of its path, bytes / bandwidth)``, a ``streaming`` category by its
+    bytes alone."""
     hw = profile.hardware
-    ceilings = ceilings or hw
     flops = _unlog(x[:, 0])
     moved = _unlog(x[:, 1]) + _unlog(x[:, 2])
     intensity = flops / (moved + 1.0)
@@ -291,7 +290,7 @@ def _kernel_seconds(x: torch.Tensor, x_cat: torch.Tensor, profile: Profile,
     if not any(BACKWARD_SUFFIX in key for key in profile.gemm):  # no backward curve: one group each
         backward = torch.zeros_like(backward)
     rate = torch.empty_like(flops)
-    peak = torch.empty_like(flops)
+    peaks = [torch.empty_like(flops) for _ in ceilings]
     efficiency = torch.empty_like(flops)
     bandwidth = torch.empty_like(flops)
     for (d, c, t, g, b) in set(zip(dtype.tolist(), category.tolist(), tc.tolist(), gemm.tolist(),
@@ -299,17 +298,19 @@ def _kernel_seconds(x: torch.Tensor, x_cat: torch.Tensor, profile: Profile,
         rows = (dtype == d) & (category == c) & (tc == t) & (gemm == g) & (backward == b)
         name, cat = ops.DTYPES[d], ops.CATEGORIES[c]
         rate[rows] = hw.flops_rate(name, t, gemm=g)
-        if not g and cat in profile.streaming:
+        streaming = not g and cat in profile.streaming
+        if streaming:
             efficiency[rows] = float("inf")  # priced by its bytes alone
-            peak[rows] = float("inf")
         else:
             curve = profile.gemm_curve(name, cat, b) if g else profile.vector_curve(cat)
             efficiency[rows] = curve(flops[rows], intensity[rows])
-            peak[rows] = ceilings.flops_rate(name, t, gemm=g)
+        for peak, ceiling in zip(peaks, ceilings):
+            peak[rows] = float("inf") if streaming else ceiling.flops_rate(name, t, gemm=g)
         bandwidth[rows] = profile.memory_curve(cat, name)(moved[rows])
     compute_s = flops / (rate * efficiency)
     memory_s = moved / (hw.memory_bandwidth_Bps * bandwidth)
-    ideal_s = torch.maximum(flops / peak, moved / ceilings.memory_bandwidth_Bps)
+    ideal_s = [torch.maximum(flops / peak, moved / ceiling.memory_bandwidth_Bps)
+               for peak, ceiling in zip(peaks, ceilings)]
     return torch.maximum(compute_s, memory_s), ideal_s
 
 
@@ -334,8 +335,8 @@ def node_seconds(x: torch.Tensor, x_cat: torch.Tensor, profile: Profile,
         seconds, _ = _kernel_seconds(x, x_cat, profile)
     else:
         source, source_ceilings, target_ceilings, rest_ratio = profile.moved_from
-        source_s, source_ideal_s = _kernel_seconds(x, x_cat, source, ceilings=source_ceilings)
-        _, target_ideal_s = _kernel_seconds(x, x_cat, source, ceilings=target_ceilings)
+        source_s, (source_ideal_s, target_ideal_s) = _kernel_seconds(x, x_cat, source, source_ceilings,
+                                                                     target_ceilings)
         seconds = split_moved_seconds(source_s, source_ideal_s, target_ideal_s, rest_ratio)
     seconds = torch.maximum(seconds, torch.full_like(seconds, profile.launch_floor_s))
     faults = fresh_seconds(fresh, profile.fresh_threshold_bytes, profile.fresh_s_per_byte)
