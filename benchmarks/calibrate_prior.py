@@ -301,11 +301,10 @@ def print_table(errors: dict) -> None:
 # --- a Hopper GPU from its own harvest: profiled kernels and measured steps ---------------------------------
 
 
-def fit_profiles(data: Path, fit_families: list[str], by_category: bool = True,
-                 intensity: bool = True, vector_by_category: bool = True,
-                 memory_by_category: bool = True, backward_curves: bool = False) -> tuple[dict, dict]:
+def fit_profiles(data: Path, fit_families: list[str], **device_kw) -> tuple[dict, dict]:
     """Curves and host issue costs fitted to a GPU dataset's profiled kernels and timed steps of
-    ``fit_families`` (gnn_ptp/prior_fit.py); errors on the kernels and steps of every other family."""
+    ``fit_families`` (gnn_ptp/prior_fit.py; ``device_kw``: ``prior_fit.fit_device``'s options); errors on
+    the kernels and steps of every other family."""
     from gnn_ptp import prior_fit
 
     hw, samples, seconds = prior_fit.load_profiled(data)
@@ -315,9 +314,7 @@ def fit_profiles(data: Path, fit_families: list[str], by_category: bool = True,
         raise SystemExit(f"--fit-families {','.join(fit_families)}: both the fitted and the held-out "
                          f"families need configurations (families here: {sorted({s.family for s in samples})})")
     rows_fit, rows_held = prior_fit.kernel_rows(fit_s, seconds), prior_fit.kernel_rows(held_s, seconds)
-    fitted = prior_fit.fit_device(rows_fit, hw, by_category=by_category, intensity=intensity,
-                                  vector_by_category=vector_by_category, memory_by_category=memory_by_category,
-                                  backward_curves=backward_curves)
+    fitted = prior_fit.fit_device(rows_fit, hw, **device_kw)
     device_only = prior_fit.device_profile(hw, fitted)
     host, fixed, host_report = prior_fit.fit_host(fit_s, device_only)
     profile = prior_fit.device_profile(hw, fitted, host, fixed)
@@ -501,6 +498,9 @@ def main() -> None:
                     help="with --profiles: backward convolutions and attention (one fused node each) on a curve of "
                          "their own (tried on the CPU kinds 2026-11-25: DenseNet's left-out steps got worse; off "
                          "by default)")
+    ap.add_argument("--grouped-conv", action="store_true",
+                    help="with --profiles: grouped convolutions (every depthwise one) on a forward and a backward "
+                         "curve of their own (prior.GROUPED_CONV; declared 2026-11-26, README *The CPU prior*)")
     ap.add_argument("--no-fresh", action="store_true",
                     help="with --profiles: leave out the CPU kind's measured fresh-allocation cost (page faults of "
                          "outputs above the mmap threshold, python -m gnn_ptp.descriptor --fresh): the form "
@@ -526,7 +526,7 @@ def main() -> None:
     if args.profiles:
         kw = {"by_category": not args.pooled_gemm, "intensity": not args.no_intensity,
               "vector_by_category": not args.pooled_vector, "memory_by_category": not args.pooled_memory,
-              "backward_curves": args.backward_curves,
+              "backward_curves": args.backward_curves, "grouped_conv": args.grouped_conv,
               "fresh": None if args.no_fresh else fresh_of(args.profiles)}
         if args.lofo:
             section, e = fit_profiles_lofo(args.profiles, [f for f in args.hold_out.split(",") if f], **kw)

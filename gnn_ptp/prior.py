@@ -62,6 +62,13 @@ BACKWARD_CURVES = ("conv", "attention")
 backward) running other kernels than the forward: where a calibration has a "<category>_backward:<dtype>"
 curve (``prior_fit.fit_device(backward_curves=True)``), their backward nodes use it."""
 BACKWARD_SUFFIX = "_backward"
+GROUPED_CONV = "conv_grouped"
+"""The curve name of a grouped convolution (``grouped_conv``: every depthwise one, RegNet's wide groups),
+where a calibration has "conv_grouped:<dtype>" (and "conv_grouped_backward:<dtype>") curves
+(``prior_fit.fit_device(grouped_conv=True)``): such a convolution reduces over a few channels only, so it is
+a GEMM in name alone, and on a CPU oneDNN runs it, its backward above all, at rates no dense convolution
+shows. Without such curves it uses the convolution's (``Profile.gemm_curve``)."""
+CONV_CATEGORY = ops.CATEGORIES.index("conv")
 CURVES_OF = {"h200": "h100", "a100": "h100"}
 """Hardware without a calibration of its own borrows these curves (its own peak rates still apply)."""
 
@@ -182,14 +189,63 @@ class Profile:
                        half_size=self.memory.half_size if half is None else half)
 
     def gemm_curve(self, dtype: str, category: str = "matmul", backward: bool = False) -> Curve:
-        """The curve of a GEMM-like kernel: for a fused backward one (``BACKWARD_CURVES``) its own
-        backward curve first; then its category's in its dtype, else the dtype's, else the matmul's in that
-        dtype, else "default", else the plain roofline."""
-        first = (f"{category}{BACKWARD_SUFFIX}:{dtype}",) if backward and category in BACKWARD_CURVES else ()
-        for key in (*first, f"{category}:{dtype}", dtype, f"matmul:{dtype}", "default"):
+        """The curve of a GEMM-like kernel, the first of ``gemm_keys`` the profile has, else the plain
+        roofline."""
+        for key in gemm_keys(dtype, category, backward):
             if key in self.gemm:
                 return self.gemm[key]
         return Curve()
+
+
+def gemm_keys(dtype: str, category: str = "matmul", backward: bool = False) -> tuple[str, ...]:
+    """Where a GEMM-like kernel's curve is looked up, in order: a grouped convolution's own curves
+    (``GROUPED_CONV``: its backward one for a backward node, then its forward one), then for a fused
+    backward kernel (``BACKWARD_CURVES``) its category's backward curve, then its category's in its dtype,
+    the dtype's, the matmul's in that dtype and "default". A fit that pools a group with too few kernels
+    into another (``prior_fit._fallback``) follows the same order."""
+    keys: tuple[str, ...] = ()
+    if category == GROUPED_CONV:
+        keys = ((f"{GROUPED_CONV}{BACKWARD_SUFFIX}:{dtype}",) if backward else ()) + (f"{GROUPED_CONV}:{dtype}",)
+        category = "conv"
+    if backward and category in BACKWARD_CURVES:
+        keys += (f"{category}{BACKWARD_SUFFIX}:{dtype}",)
+    return keys + (f"{category}:{dtype}", dtype, f"matmul:{dtype}", "default")
+
+
+def _dims(logged: torch.Tensor) -> torch.Tensor:
+    """graph.py's ``log_shape`` columns back to dimensions ([N, 4]; 0 where padded)."""
+    return torch.round(torch.exp2(logged.double()) - 1.0)
+
+
+def grouped_conv(x: torch.Tensor, x_cat: torch.Tensor) -> torch.Tensor:
+    """Per node (bool [N]), whether it is a grouped convolution (``GROUPED_CONV``), from its features alone:
+    its reduction depth (input channels per group x kernel area) is below its input channels. A forward
+    node's depth is its FLOPs over twice its output's elements; a fused backward node's, its FLOPs over four
+    times its incoming gradient's elements (two gradients, each a forward's cost). The input channels are
+    dim 1 of the forward's input, of the backward's first output (the input's gradient). Every depthwise
+    convolution qualifies (depth k*k against tens of channels), a dense one never does (depth = channels
+    x k*k); a group convolution does once it has more groups than kernel taps (RegNet's 3x3 ones with
+    more than 9 groups). Two corner cases read wrong: a backward node that computes no input gradient (a
+    network's first convolution, its 1x1 ones only) and a 3-d convolution (its batch dim is not among the
+    four dims a node keeps)."""
+    conv = x_cat[:, 1] == CONV_CATEGORY
+    out = torch.zeros(x.shape[0], dtype=torch.bool)
+    if not bool(conv.any()):
+        return out
+    xs, backward = x[conv], x_cat[conv, 3] == BACKWARD_PHASE
+    flops = _unlog(xs[:, 0])
+    out_dims, in_dims = _dims(xs[:, 4:8]), _dims(xs[:, 8:12])
+
+    def channels(dims: torch.Tensor) -> torch.Tensor:  # dim 1 of a right-aligned shape of 2-4 dims
+        ndim = (dims > 0).sum(1).clamp(2, 4)
+        return dims.gather(1, (4 - ndim + 1).unsqueeze(1)).squeeze(1)
+
+    forward_depth = flops / (2.0 * out_dims.clamp_min(1).prod(1))
+    backward_depth = flops / (4.0 * in_dims.clamp_min(1).prod(1))
+    depth = torch.where(backward, backward_depth, forward_depth)
+    in_channels = torch.where(backward, channels(out_dims), channels(in_dims))
+    out[conv] = depth < in_channels - 0.5
+    return out
 
 
 @lru_cache(maxsize=1)
@@ -289,20 +345,22 @@ def _kernel_seconds(x: torch.Tensor, x_cat: torch.Tensor, profile: Profile,
     backward = (x_cat[:, 3] == BACKWARD_PHASE) & gemm
     if not any(BACKWARD_SUFFIX in key for key in profile.gemm):  # no backward curve: one group each
         backward = torch.zeros_like(backward)
+    grouped = (grouped_conv(x, x_cat) if any(key.startswith(GROUPED_CONV) for key in profile.gemm)
+               else torch.zeros_like(backward))
     rate = torch.empty_like(flops)
     peaks = [torch.empty_like(flops) for _ in ceilings]
     efficiency = torch.empty_like(flops)
     bandwidth = torch.empty_like(flops)
-    for (d, c, t, g, b) in set(zip(dtype.tolist(), category.tolist(), tc.tolist(), gemm.tolist(),
-                                   backward.tolist())):
-        rows = (dtype == d) & (category == c) & (tc == t) & (gemm == g) & (backward == b)
+    for (d, c, t, g, b, gr) in set(zip(dtype.tolist(), category.tolist(), tc.tolist(), gemm.tolist(),
+                                       backward.tolist(), grouped.tolist())):
+        rows = (dtype == d) & (category == c) & (tc == t) & (gemm == g) & (backward == b) & (grouped == gr)
         name, cat = ops.DTYPES[d], ops.CATEGORIES[c]
         rate[rows] = hw.flops_rate(name, t, gemm=g)
         streaming = not g and cat in profile.streaming
         if streaming:
             efficiency[rows] = float("inf")  # priced by its bytes alone
         else:
-            curve = profile.gemm_curve(name, cat, b) if g else profile.vector_curve(cat)
+            curve = profile.gemm_curve(name, GROUPED_CONV if gr else cat, b) if g else profile.vector_curve(cat)
             efficiency[rows] = curve(flops[rows], intensity[rows])
         for peak, ceiling in zip(peaks, ceilings):
             peak[rows] = float("inf") if streaming else ceiling.flops_rate(name, t, gemm=g)

@@ -68,6 +68,8 @@ class KernelRows:
     fresh: torch.Tensor | None = None
     """Per row, graph.py's ``fresh_bytes`` (bytes the kernel allocates, its largest allocation; [R, 2];
     None: unknown, nothing fresh)."""
+    grouped: torch.Tensor | None = None
+    """Per row, whether the kernel is a grouped convolution (``prior.grouped_conv``; None: unknown, none)."""
 
     def __len__(self) -> int:
         return int(self.seconds.numel())
@@ -96,7 +98,8 @@ def measured_node_seconds(sample, per_profile: list[torch.Tensor]) -> torch.Tens
 def kernel_rows(samples: list, node_seconds: dict[str, list[torch.Tensor]]) -> KernelRows:
     """Rows of every node with a measured device time > 0 (``node_seconds``: per configuration key, one
     tensor of per-node seconds per profile, NaN where unmatched; profiles of a configuration averaged)."""
-    parts = {k: [] for k in ("flops", "moved", "dtype", "gemm", "tc", "cat", "family", "s", "draw", "bwd", "fresh")}
+    parts = {k: [] for k in ("flops", "moved", "dtype", "gemm", "tc", "cat", "family", "s", "draw", "bwd", "fresh",
+                                 "grouped")}
     gemm_ids = torch.tensor([ops.CATEGORIES.index(c) for c in ops.TENSOR_CORE_CATEGORIES])
     for s in samples:
         per_profile = node_seconds.get(s.key)
@@ -119,6 +122,7 @@ def kernel_rows(samples: list, node_seconds: dict[str, list[torch.Tensor]]) -> K
         parts["s"].append(measured[keep].double())
         parts["draw"].append(row_draws(s.key, keep.numel())[keep])
         parts["bwd"].append(x_cat[:, 3] == prior.BACKWARD_PHASE)
+        parts["grouped"].append(prior.grouped_conv(x, x_cat))
         fresh = getattr(s, "fresh_bytes", None)
         parts["fresh"].append(fresh[keep].double() if fresh is not None else torch.zeros(int(keep.sum()), 2,
                                                                                           dtype=torch.float64))
@@ -127,7 +131,7 @@ def kernel_rows(samples: list, node_seconds: dict[str, list[torch.Tensor]]) -> K
     return KernelRows(torch.cat(parts["flops"]), torch.cat(parts["moved"]), parts["dtype"],
                       torch.cat(parts["gemm"]), torch.cat(parts["tc"]), parts["cat"], parts["family"],
                       torch.cat(parts["s"]), torch.cat(parts["draw"]), torch.cat(parts["bwd"]),
-                      torch.cat(parts["fresh"]))
+                      torch.cat(parts["fresh"]), torch.cat(parts["grouped"]))
 
 
 def row_draws(key: str, n: int) -> torch.Tensor:
@@ -161,36 +165,48 @@ def _intensity(rows: KernelRows) -> torch.Tensor:
 
 
 def _groups(rows: KernelRows, by_category: bool = True, vector_by_category: bool = False,
-            backward_curves: bool = False) -> list[str]:
+            backward_curves: bool = False, grouped_conv: bool = False) -> list[str]:
     """The curve each row's compute time uses: "<category>:<dtype>" (or its dtype alone) for GEMM-like
     kernels, with ``backward_curves`` "<category>_backward:<dtype>" for a fused backward kernel
     (``prior.BACKWARD_CURVES``: a convolution's or attention's backward is one node that runs other
-    kernels than its forward), "vector" otherwise, or with ``vector_by_category`` "vector:<category>" (the
-    vector curve at the category's own peak fraction)."""
+    kernels than its forward), with ``grouped_conv`` "conv_grouped:<dtype>" and
+    "conv_grouped_backward:<dtype>" for a grouped convolution's forward and backward (``prior.GROUPED_CONV``),
+    "vector" otherwise, or with ``vector_by_category`` "vector:<category>" (the vector curve at the
+    category's own peak fraction)."""
     def vector(c):
         return VECTOR_GROUP + c if vector_by_category else "vector"
-    backward = rows.backward.tolist() if backward_curves and rows.backward is not None else [False] * len(rows)
+    backward = rows.backward.tolist() if rows.backward is not None else [False] * len(rows)
+    grouped = (rows.grouped.tolist() if grouped_conv and rows.grouped is not None and by_category
+               else [False] * len(rows))
 
-    def gemm(c, d, b):
+    def gemm(c, d, b, gr):
         if d not in GEMM_DTYPES:
             return "vector"
         if not by_category:
             return d
-        return f"{c}{prior.BACKWARD_SUFFIX}:{d}" if b and c in prior.BACKWARD_CURVES else f"{c}:{d}"
-    return [gemm(c, d, b) if g else vector(c)
-            for d, g, c, b in zip(rows.dtype, rows.gemm.tolist(), rows.category, backward)]
+        if gr:
+            return f"{prior.GROUPED_CONV}{prior.BACKWARD_SUFFIX if b else ''}:{d}"
+        return f"{c}{prior.BACKWARD_SUFFIX}:{d}" if backward_curves and b and c in prior.BACKWARD_CURVES else f"{c}:{d}"
+    return [gemm(c, d, b, gr) if g else vector(c)
+            for d, g, c, b, gr in zip(rows.dtype, rows.gemm.tolist(), rows.category, backward, grouped)]
 
 
 def _fallback(group: str, counts: Counter) -> str:
-    """The group a curve with fewer than ``MIN_GROUP_ROWS`` kernels is fitted with: a backward kernel's
-    forward curve where that one has enough (as ``prior.Profile.gemm_curve`` looks it up), else the
-    dtype's pooled curve; a non-GEMM category's, the vector curve."""
+    """The group a curve with fewer than ``MIN_GROUP_ROWS`` kernels is fitted with: the next curve
+    ``prior.gemm_keys`` looks up that has enough (a backward kernel's forward curve, a grouped
+    convolution's the convolution's), else the dtype's pooled curve; a non-GEMM category's, the vector
+    curve."""
     if _vector_category(group) is not None:
         return "vector"
-    forward = group.replace(prior.BACKWARD_SUFFIX + ":", ":")
-    if forward != group and counts[forward] >= MIN_GROUP_ROWS:
-        return forward
-    return group.split(":")[1]
+    name, dtype = group.split(":")
+    backward = name.endswith(prior.BACKWARD_SUFFIX)
+    keys = prior.gemm_keys(dtype, name.removesuffix(prior.BACKWARD_SUFFIX), backward)
+    for key in keys[keys.index(group) + 1:]:
+        if key == dtype:
+            break
+        if counts[key] >= MIN_GROUP_ROWS:
+            return key
+    return dtype
 
 
 VECTOR_GROUP = "vector:"
@@ -287,7 +303,7 @@ curve the pooled one, which the categories without a fraction of their own use."
 def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: bool = True,
                intensity: bool = True, vector_by_category: bool = True, memory_by_category: bool = True,
                streaming: tuple[str, ...] | None = None, backward_curves: bool = False,
-               fresh: dict | None = None) -> dict:
+               fresh: dict | None = None, grouped_conv: bool = False) -> dict:
     """Curves (``prior.Curve`` dicts) for GEMM-like kernels per category and dtype (``by_category``; else
     per dtype), other compute ("vector"), memory traffic, and the device floor in seconds, fitted to
     ``rows``. With ``intensity`` the compute curves also ramp with arithmetic intensity; with
@@ -302,10 +318,11 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
     AMD kind), so it is off by default (README, *The CPU prior*). ``fresh`` (a CPU kind's measured
     fresh-allocation cost, ``{"threshold_bytes", "s_per_byte"}``: ``descriptor.Descriptor.fresh``) is added
     to every kernel's time before the curves are fitted to the rest, and kept in the result for
-    ``device_profile``."""
+    ``device_profile``. With ``grouped_conv`` a grouped convolution (``prior.grouped_conv``: every depthwise
+    one) gets a forward and a backward curve of its own (``prior.GROUPED_CONV``)."""
     if streaming is None:
         streaming = STREAMING if memory_by_category and hw.kind != "cpu" else ()
-    groups = _groups(rows, by_category, vector_by_category, backward_curves)
+    groups = _groups(rows, by_category, vector_by_category, backward_curves, grouped_conv)
     counts = Counter(groups)
     groups = [_fallback(g, counts) if ":" in g and counts[g] < MIN_GROUP_ROWS else g for g in groups]
     rates = _rates(rows, hw)
@@ -411,7 +428,8 @@ def _prior_seconds(rows: KernelRows, profile: prior.Profile) -> torch.Tensor:
     rates = _rates(rows, hw)
     eff = torch.empty_like(rows.seconds)
     intensity = _intensity(rows)
-    for name, m in _masks(_groups(rows, vector_by_category=True, backward_curves=True)).items():
+    for name, m in _masks(_groups(rows, vector_by_category=True, backward_curves=True,
+                                  grouped_conv=True)).items():
         category = _vector_category(name)
         if category is not None:
             curve = profile.vector_curve(category)
@@ -543,7 +561,8 @@ def subsample(rows: KernelRows, limit: int, seed: int = 0) -> KernelRows:
     return KernelRows(rows.flops[keep], rows.moved[keep], [rows.dtype[i] for i in pick], rows.gemm[keep],
                       rows.tensor_core[keep], [rows.category[i] for i in pick], [rows.family[i] for i in pick],
                       rows.seconds[keep], draw[keep], rows.backward[keep] if rows.backward is not None else None,
-                      rows.fresh[keep] if rows.fresh is not None else None)
+                      rows.fresh[keep] if rows.fresh is not None else None,
+                      rows.grouped[keep] if rows.grouped is not None else None)
 
 
 def fit(samples: list, node_seconds: dict, hw: Hardware, max_rows: int | None = None, **device_kw):

@@ -518,6 +518,79 @@ def test_a_fused_backward_kernel_gets_its_own_curve_where_it_runs_another_rate()
     assert bwd == pytest.approx(fwd)  # no backward curve: the forward's
 
 
+def test_grouped_convolutions_get_their_own_forward_and_backward_curves():
+    """SYNTHETIC convolutions on a CPU: dense ones at 0.6 of the fp32 GEMM rate both ways, grouped ones
+    (``prior.grouped_conv``) at 0.3 forward and 0.02 backward, as oneDNN's depthwise backward runs on the
+    project's CPU kinds. One convolution curve (the default) prices the dense ones off too; with
+    ``grouped_conv`` the dense curve is the dense kernels' and ``prior.node_seconds`` prices a grouped node
+    by its own curves, picked from its features alone."""
+    cpu = HARDWARE["cpu"]
+    rate = cpu.flops_rate("fp32", False, gemm=True)
+    g = torch.Generator().manual_seed(7)
+    n = 3000
+    backward = torch.rand(n, generator=g) < 0.5
+    grouped = torch.rand(n, generator=g) < 0.3
+    flops = 10 ** (5 + 3 * torch.rand(n, generator=g, dtype=torch.float64))
+
+    def rows_of(m):
+        k = int(m.sum())
+        return prior_fit.KernelRows(flops[m], flops[m] / 20, ["fp32"] * k, torch.ones(k, dtype=torch.bool),
+                                    torch.zeros(k, dtype=torch.bool), ["conv"] * k, ["synthetic"] * k,
+                                    torch.zeros(k, dtype=torch.float64), None, backward[m], None, grouped[m])
+    rows, dense = rows_of(torch.ones(n, dtype=torch.bool)), rows_of(~grouped)
+    fraction = torch.where(grouped, torch.where(backward, 0.02, 0.3), torch.tensor(0.6, dtype=torch.float64))
+    rows.seconds = flops / (rate * fraction) * torch.exp(0.03 * torch.randn(n, generator=g, dtype=torch.float64))
+    dense.seconds = rows.seconds[~grouped]
+    one = prior_fit.device_profile(cpu, prior_fit.fit_device(rows, cpu, steps=800, intensity=False))
+    fitted = prior_fit.fit_device(rows, cpu, steps=800, intensity=False, grouped_conv=True)
+    assert {"conv:fp32", "conv_grouped:fp32", "conv_grouped_backward:fp32"} <= set(fitted["gemm"])
+    own = prior_fit.device_profile(cpu, fitted)
+    assert prior_fit.kernel_errors(rows, own)["all"]["median_ape"] < 5
+    assert prior_fit.kernel_errors(dense, own)["all"]["median_ape"] < 5
+    assert prior_fit.kernel_errors(dense, one)["all"]["median_ape"] > 20
+
+    # prior.node_seconds on traced convolutions (their bytes set to the synthetic kernels' FLOPs / 20)
+    from conftest import py_spec
+    from gnn_ptp import graph
+    from gnn_ptp.spec import Shape
+    from gnn_ptp.trace import StepConfig, trace_step
+
+    def conv_nodes(groups):
+        traced = trace_step(StepConfig(py_spec("conv2", c1=16, c2=16, groups=groups), Shape(4, None, 48), "fp32"))
+        tensors, _ = graph.to_tensors(traced)
+        conv = tensors["x_cat"][:, 1] == ops.CATEGORIES.index("conv")
+        x = tensors["x"][conv].clone()
+        x[:, 1] = x[:, 2] = torch.log2(1 + prior._unlog(x[:, 0]) / 40)
+        return x, tensors["x_cat"][conv]
+
+    x, x_cat = conv_nodes(16)  # a depthwise 3x3 second convolution: 16 groups of 1 channel
+    assert x_cat[:, 3].tolist() == [0, 0, 1, 1]  # forward 1, forward 2, backward 2, backward 1
+    assert prior.grouped_conv(x, x_cat).tolist() == [False, True, True, False]
+    by_own, by_one = prior.node_seconds(x, x_cat, own), prior.node_seconds(x, x_cat, one)
+    assert by_own[2] / by_own[1] == pytest.approx(2 * 0.3 / 0.02, rel=0.25)  # twice the FLOPs at its own rate
+    assert by_one[2] / by_one[1] == pytest.approx(2.0, rel=0.25)  # one curve: twice the FLOPs, ~twice the time
+    for groups in (1, 4):  # dense, and 4 groups of a 3x3 kernel: reduction depth 36 >= 16 channels
+        x, x_cat = conv_nodes(groups)
+        assert not prior.grouped_conv(x, x_cat).any()
+        dense_s = prior._unlog(x[:, 0]) / (rate * 0.6)
+        torch.testing.assert_close(prior.node_seconds(x, x_cat, own), dense_s, rtol=0.1, atol=0)
+
+
+def test_grouped_convolution_curves_with_few_kernels_fall_back_in_lookup_order():
+    """A grouped convolution's group with fewer than MIN_GROUP_ROWS kernels joins the next curve
+    ``prior.gemm_keys`` looks up (its forward's, then the convolution's), so the fit and the lookup agree."""
+    from collections import Counter
+
+    counts = Counter({"conv:bf16": 500, "conv_grouped:bf16": 300, "conv_grouped_backward:bf16": 3,
+                      "conv_grouped:fp32": 2, "conv_grouped_backward:fp32": 2})
+    assert prior_fit._fallback("conv_grouped_backward:bf16", counts) == "conv_grouped:bf16"
+    assert prior_fit._fallback("conv_grouped_backward:fp32", counts) == "fp32"  # no conv:fp32 either
+    counts["conv:fp32"] = 400
+    assert prior_fit._fallback("conv_grouped:fp32", counts) == "conv:fp32"
+    assert prior.gemm_keys("bf16", prior.GROUPED_CONV, True)[:4] == (
+        "conv_grouped_backward:bf16", "conv_grouped:bf16", "conv_backward:bf16", "conv:bf16")
+
+
 def test_a_backward_curve_with_few_kernels_is_fitted_as_its_forward_s():
     """Fewer than MIN_GROUP_ROWS backward kernels of a category: they join their forward curve (the one
     ``Profile.gemm_curve`` falls back to), not the dtype's pooled curve."""
