@@ -32,13 +32,18 @@ from gnn_ptp.errors import UserError  # noqa: E402
 
 
 def kind_of(folder: str):
-    """(the folder's samples, the CPU kind's descriptor)."""
+    """(the folder's measured configurations, the CPU kind's descriptor); refuses a folder of another kind
+    before any graph is loaded (``samples_of``)."""
     measured = dataset.measured_configs(folder)  # refuses an empty folder
     desc = descriptor.for_env(measured[0].env)
     if desc.kind != "cpu":
         raise UserError(f"--data {folder}: measured on {desc.name!r}, not a CPU kind (this compares CPU kinds)")
-    samples = dataset.make_samples(measured, dataset.load_graphs(folder, measured, True))
-    return samples, desc
+    return measured, desc
+
+
+def samples_of(folder: str, measured) -> list:
+    """A folder's samples (its graphs traced or read from the caches)."""
+    return dataset.make_samples(measured, dataset.load_graphs(folder, measured, True))
 
 
 def score(samples, profile) -> dict:
@@ -67,6 +72,7 @@ def main(argv=None) -> int:
     names = [desc.name for _, desc in kinds.values()]
     if len(set(names)) < len(names):
         raise UserError(f"--data {' '.join(args.data)}: two folders of the same CPU kind ({names})")
+    kinds = {folder: (samples_of(folder, measured), desc) for folder, (measured, desc) in kinds.items()}
     for folder, (_, desc) in kinds.items():
         fitted_on = desc.steps_fitted_on()
         print(f"{desc.name}: {folder}, section {desc.curves_section()!r}, steps fitted on {fitted_on or 'none'}"
