@@ -319,7 +319,10 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
     fresh-allocation cost, ``{"threshold_bytes", "s_per_byte"}``: ``descriptor.Descriptor.fresh``) is added
     to every kernel's time before the curves are fitted to the rest, and kept in the result for
     ``device_profile``. With ``grouped_conv`` a grouped convolution (``prior.grouped_conv``: every depthwise
-    one) gets a forward and a backward curve of its own (``prior.GROUPED_CONV``)."""
+    one) gets a forward and a backward curve of its own (``prior.GROUPED_CONV``): tried on two CPU kinds
+    (2026-11-26), it made DenseNet's left-out steps far better and the random CNNs' and RegNet's far worse
+    (their small depthwise and dense-fast group convolutions priced by curves fitted to large depthwise
+    ones), so it is off by default (README, *The CPU prior*)."""
     if streaming is None:
         streaming = STREAMING if memory_by_category and hw.kind != "cpu" else ()
     groups = _groups(rows, by_category, vector_by_category, backward_curves, grouped_conv)
