@@ -500,8 +500,9 @@ def main() -> None:
                          "by default)")
     ap.add_argument("--grouped-conv", action="store_true",
                     help="with --profiles: grouped convolutions (every depthwise one) on a forward and a backward "
-                         "curve of their own (prior.GROUPED_CONV; tried 2026-11-26: DenseNet and ResNet got better, the random CNNs "
-                         "and RegNet much worse, its declared rule failed, so off by default; README *The CPU prior*)")
+                         "curve of their own (prior.GROUPED_CONV; tried 2026-11-26: DenseNet and ResNet got better, "
+                         "the random CNNs and RegNet much worse, its declared rule failed, so off by default; README "
+                         "*The CPU prior*)")
     ap.add_argument("--no-fresh", action="store_true",
                     help="with --profiles: leave out the CPU kind's measured fresh-allocation cost (page faults of "
                          "outputs above the mmap threshold, python -m gnn_ptp.descriptor --fresh): the form "

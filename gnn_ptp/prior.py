@@ -214,7 +214,7 @@ def gemm_keys(dtype: str, category: str = "matmul", backward: bool = False) -> t
 
 def _dims(logged: torch.Tensor) -> torch.Tensor:
     """graph.py's ``log_shape`` columns back to dimensions ([N, 4]; 0 where padded)."""
-    return torch.round(torch.exp2(logged.double()) - 1.0)
+    return torch.round(_unlog(logged))
 
 
 def grouped_conv(x: torch.Tensor, x_cat: torch.Tensor) -> torch.Tensor:

@@ -176,8 +176,7 @@ def _groups(rows: KernelRows, by_category: bool = True, vector_by_category: bool
     def vector(c):
         return VECTOR_GROUP + c if vector_by_category else "vector"
     backward = rows.backward.tolist() if rows.backward is not None else [False] * len(rows)
-    grouped = (rows.grouped.tolist() if grouped_conv and rows.grouped is not None and by_category
-               else [False] * len(rows))
+    grouped = rows.grouped.tolist() if grouped_conv and rows.grouped is not None else [False] * len(rows)
 
     def gemm(c, d, b, gr):
         if d not in GEMM_DTYPES:
@@ -186,7 +185,8 @@ def _groups(rows: KernelRows, by_category: bool = True, vector_by_category: bool
             return d
         if gr:
             return f"{prior.GROUPED_CONV}{prior.BACKWARD_SUFFIX if b else ''}:{d}"
-        return f"{c}{prior.BACKWARD_SUFFIX}:{d}" if backward_curves and b and c in prior.BACKWARD_CURVES else f"{c}:{d}"
+        own_backward = backward_curves and b and c in prior.BACKWARD_CURVES
+        return f"{c}{prior.BACKWARD_SUFFIX}:{d}" if own_backward else f"{c}:{d}"
     return [gemm(c, d, b, gr) if g else vector(c)
             for d, g, c, b, gr in zip(rows.dtype, rows.gemm.tolist(), rows.category, backward, grouped)]
 
