@@ -374,6 +374,41 @@ def test_the_fresh_allocation_cost_is_measured_in_one_process_and_added_to_this_
     assert "--fresh: no stored descriptor" in capsys.readouterr().err
 
 
+def test_a_kind_s_fresh_allocation_cost_can_come_from_its_gloo_profile_s_two_rank_figure(monkeypatch, capsys):
+    """``--fresh-from-gloo NAME``: the stored descriptor takes the 2-rank FSDP fresh-buffer figure of the
+    shipped gloo profile measured on its kind (not the 4-rank one, whose ranks share two cores), with a
+    source saying so; a kind without such a profile, or a profile without the figure, is refused in one
+    line."""
+    from dataclasses import replace
+
+    from gnn_ptp import interconnect
+
+    name = "amd-epyc-family-26-model-2"
+    profile = interconnect.builtin()[f"cpu-gloo-{name}"]
+    measured = profile.fsdp["2"]["fresh"]
+    stored = replace(descriptor.stored_cpus()[name], fresh_alloc={})
+    got = descriptor.fresh_alloc_from_gloo(stored)
+    assert got.fresh_alloc["ms_per_MiB"] == measured["ms_per_MiB"] != profile.fsdp["4"]["fresh"]["ms_per_MiB"]
+    assert got.fresh_alloc["threshold_bytes"] == measured["threshold_bytes"]
+    assert f"2-rank FSDP fresh-buffer figure of gloo profile cpu-gloo-{name}" in got.fresh_alloc["source"]
+    assert got.fresh() == {"threshold_bytes": float(measured["threshold_bytes"]),
+                           "s_per_byte": pytest.approx(measured["ms_per_MiB"] * 1e-3 / MiB)}
+    assert replace(got, fresh_alloc={}) == stored  # nothing else changes
+    with pytest.raises(UserError, match="no shipped gloo profile 'cpu-gloo-synthetic-slow-cpu'"):
+        descriptor.fresh_alloc_from_gloo(synthetic_cpu(1.0))
+    four_only = replace(profile, name="cpu-gloo-synthetic-slow-cpu", fsdp={"4": profile.fsdp["4"]})
+    monkeypatch.setattr(interconnect, "builtin", lambda: {four_only.name: four_only})
+    with pytest.raises(UserError, match="has no 2-rank fresh-buffer figure"):
+        descriptor.fresh_alloc_from_gloo(synthetic_cpu(1.0))
+    monkeypatch.undo()
+    assert descriptor.main(["--fresh-from-gloo", "no-such-cpu"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--fresh-from-gloo no-such-cpu: no stored CPU descriptor" in err
+    assert descriptor.main(["--fresh-from-gloo", name]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["fresh_alloc"]["ms_per_MiB"] == measured["ms_per_MiB"]
+
+
 def with_ceilings(d: Descriptor, name: str, **factors) -> Descriptor:
     """``d`` renamed, with SYNTHETIC ceilings: each named GEMM dtype's rate (``bf16=7``), ``vector`` or
     ``memory`` times its factor."""
