@@ -674,6 +674,10 @@ def main(argv=None) -> int:
         print("python -m gnn_ptp.descriptor: error: --write needs --measure, --probes, --fresh or --fresh-from-gloo",
               file=sys.stderr)
         return 2
+    if args.fresh_from_gloo and (args.measure or args.probes or args.fresh):
+        print("python -m gnn_ptp.descriptor: error: --fresh-from-gloo takes a stored kind's figure and measures "
+              "nothing: give it without --measure, --probes or --fresh", file=sys.stderr)
+        return 2
     if args.fresh_from_gloo:
         stored = stored_cpus().get(args.fresh_from_gloo)
         if stored is None:

@@ -404,6 +404,8 @@ def test_a_kind_s_fresh_allocation_cost_can_come_from_its_gloo_profile_s_two_ran
     assert descriptor.main(["--fresh-from-gloo", "no-such-cpu"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "--fresh-from-gloo no-such-cpu: no stored CPU descriptor" in err
+    assert descriptor.main(["--fresh-from-gloo", name, "--fresh"]) == 2
+    assert "measures nothing" in capsys.readouterr().err
     assert descriptor.main(["--fresh-from-gloo", name]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert shown["fresh_alloc"]["ms_per_MiB"] == measured["ms_per_MiB"]
