@@ -496,12 +496,12 @@ def fresh_alloc_from_gloo(stored: Descriptor, log=None) -> Descriptor:
     if fresh.get("threshold_bytes") is None or not fresh.get("ms_per_MiB", 0) > 0:
         raise UserError(f"--fresh-from-gloo {stored.name}: gloo profile {name!r} has no "
                         f"{FRESH_FROM_GLOO_RANKS}-rank fresh-buffer figure (calibrate-comm --fsdp measures it)")
-    date = (profile.env or {}).get("date", "date unknown")
-    torch_version = (profile.env or {}).get("torch", "?")
+    env = profile.env or {}
     out = {"threshold_bytes": fresh["threshold_bytes"], "ms_per_MiB": fresh["ms_per_MiB"],
            "rows": fresh.get("rows", []),
            "source": f"the {FRESH_FROM_GLOO_RANKS}-rank FSDP fresh-buffer figure of gloo profile {name} "
-                     f"(gnn-ptp calibrate-comm --fsdp on that kind, torch {torch_version}, {date}), taken as "
+                     f"(gnn-ptp calibrate-comm --fsdp on that kind, torch {env.get('torch', '?')}, "
+                     f"{env.get('date', 'date unknown')}), taken as "
                      "the one-process cost by gnn_ptp.descriptor.fresh_alloc_from_gloo"}
     if log:
         log(f"fresh allocations from {name}: threshold {out['threshold_bytes']} bytes, "
@@ -670,6 +670,13 @@ def main(argv=None) -> int:
                         "measured before --fresh existed, off its machine")
     p.add_argument("--write", action="store_true", help=f"store the measurement in {DESCRIPTOR_DIR}/")
     args = p.parse_args(argv)
+
+    def show(d: Descriptor) -> int:  # print a measured or amended descriptor, store it with --write
+        print(json.dumps(d.to_dict(), indent=1))
+        if args.write:
+            print(f"written to {write(d)}", file=sys.stderr)
+        return 0
+
     if args.write and not (args.measure or args.probes or args.fresh or args.fresh_from_gloo):
         print("python -m gnn_ptp.descriptor: error: --write needs --measure, --probes, --fresh or --fresh-from-gloo",
               file=sys.stderr)
@@ -690,10 +697,7 @@ def main(argv=None) -> int:
         except UserError as e:
             print(f"python -m gnn_ptp.descriptor: error: {e}", file=sys.stderr)
             return 2
-        print(json.dumps(d.to_dict(), indent=1))
-        if args.write:
-            print(f"written to {write(d)}", file=sys.stderr)
-        return 0
+        return show(d)
     if args.probes or args.fresh:
         name = slug(cpu_model())
         stored = stored_cpus().get(name)
@@ -705,16 +709,10 @@ def main(argv=None) -> int:
         log = lambda m: print(m, file=sys.stderr)  # noqa: E731
         d = with_step_probes(stored, args.threads, log=log) if args.probes else stored
         d = with_fresh_alloc(d, args.threads, log=log) if args.fresh else d
-        print(json.dumps(d.to_dict(), indent=1))
-        if args.write:
-            print(f"written to {write(d)}", file=sys.stderr)
-        return 0
+        return show(d)
     if args.measure:
         d = measure_cpu(args.threads, log=lambda m: print(m, file=sys.stderr))
-        print(json.dumps(d.to_dict(), indent=1))
-        if args.write:
-            print(f"written to {write(d)}", file=sys.stderr)
-        return 0
+        return show(d)
     rows = [*GPU_DESCRIPTORS.values(), *stored_cpus().values()]
     w = max(len(d.name) for d in rows) + 2
     print(f"{'name':<{w}}{'kind':<5}{'fp32':>10}{'bf16':>10}{'vector':>10}{'GB/s':>9}{'floor us':>9}  "
