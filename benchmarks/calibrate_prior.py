@@ -420,7 +420,8 @@ def _section(hw, env: dict, source: str, summary: str, by_class: str, fitted: di
     return {"source": source, "expected_error": expected, "fitted_on": hw.name, **cpu,
             "gemm": fitted["gemm"], "vector": fitted["vector"], "memory": fitted["memory"],
             **({"vector_fraction": fitted["vector_fraction"]} if fitted.get("vector_fraction") else {}),
-            **({k: fitted[k] for k in ("memory_fraction", "memory_half_size", "streaming") if fitted.get(k)}),
+            **({k: fitted[k] for k in ("memory_fraction", "memory_half_size", "streaming", "depthwise")
+                if fitted.get(k)}),
             **({"fresh_threshold_bytes": fitted["fresh"]["threshold_bytes"],
                 "fresh_s_per_byte": fitted["fresh"]["s_per_byte"]} if fitted.get("fresh") else {}),
             "launch_floor_s": fitted["device_floor_s"], "host_issue_s": host,
@@ -503,6 +504,11 @@ def main() -> None:
                          "curve of their own (prior.GROUPED_CONV; tried 2026-11-26: DenseNet and ResNet got better, "
                          "the random CNNs and RegNet much worse, its declared rule failed, so off by default; README "
                          "*The CPU prior*)")
+    ap.add_argument("--depthwise-law", action="store_true",
+                    help="with --profiles: depthwise-like convolutions (grouped, reduction depth <= 49) priced by a "
+                         "power law in their shape (batch, channels, spatial size, taps) per direction and dtype "
+                         "instead of a FLOPs curve, the curves fitted to the other kernels (prior.Profile.depthwise; "
+                         "README *The CPU prior*)")
     ap.add_argument("--no-fresh", action="store_true",
                     help="with --profiles: leave out the CPU kind's measured fresh-allocation cost (page faults of "
                          "outputs above the mmap threshold, python -m gnn_ptp.descriptor --fresh): the form "
@@ -529,6 +535,7 @@ def main() -> None:
         kw = {"by_category": not args.pooled_gemm, "intensity": not args.no_intensity,
               "vector_by_category": not args.pooled_vector, "memory_by_category": not args.pooled_memory,
               "backward_curves": args.backward_curves, "grouped_conv": args.grouped_conv,
+              "depthwise": args.depthwise_law,
               "fresh": None if args.no_fresh else fresh_of(args.profiles)}
         if args.lofo:
             section, e = fit_profiles_lofo(args.profiles, [f for f in args.hold_out.split(",") if f], **kw)
@@ -541,7 +548,8 @@ def main() -> None:
             table["microbench-cpu"] = table["cpu"]  # the microbenchmark fit (--cpu), kept for comparison
         table[name] = section
         shown = ("gemm", "vector", "vector_fraction", "memory", "memory_fraction", "memory_half_size", "streaming",
-                 "launch_floor_s", "host_issue_s", "host_fixed_s", "fresh_threshold_bytes", "fresh_s_per_byte")
+                 "launch_floor_s", "host_issue_s", "host_fixed_s", "fresh_threshold_bytes", "fresh_s_per_byte",
+                 "depthwise")
         print(f"{name}:", json.dumps({k: section[k] for k in shown if k in section}, indent=1))
         print_lofo(e) if args.lofo else print_profile_errors(e)
     if args.neusight:

@@ -174,8 +174,12 @@ def transfer(profile, source: "Descriptor", target: "Descriptor", mode: str | No
     at the source's measured ceilings moves to its time at the target's; the rest, what the fitted curves
     add above the ceilings, moves by the non-GEMM ratio (the geometric mean of the element-wise and
     bandwidth ratios, the pairing the step probes use). A kernel far below its peak, as a step's small GEMMs
-    are below a matrix unit's, then moves by the core's memory and vector speed, not by that peak."""
+    are below a matrix unit's, then moves by the core's memory and vector speed, not by that peak. A
+    depthwise law (``prior.Profile.depthwise``, seconds rather than fractions of a peak) moves by that
+    same non-GEMM ratio when the kernels' time is not split (split, it is split like any kernel's)."""
     from dataclasses import replace
+
+    from gnn_ptp import prior
 
     mode = mode or CPU_TRANSFER
     if mode not in TRANSFER_MODES:
@@ -205,7 +209,11 @@ def transfer(profile, source: "Descriptor", target: "Descriptor", mode: str | No
     elif moved_from is not None:
         raise UserError(f"a prior moved by splitting its kernels' time cannot move on from {source.name!r} "
                         f"to {target.name!r} by the {'step probes' if mode == 'split' else mode}")
-    return replace(profile, hardware=moved, moved_from=moved_from, launch_floor_s=profile.launch_floor_s * host,
+    depthwise = profile.depthwise
+    if depthwise and moved_from is None:  # a law is in seconds, not a fraction of a peak: it moves by the rest's ratio
+        depthwise = prior.scaled_depthwise(depthwise, 1.0 / math.sqrt(ratio["vector"] * ratio["memory"]))
+    return replace(profile, hardware=moved, moved_from=moved_from, depthwise=depthwise,
+                   launch_floor_s=profile.launch_floor_s * host,
                    host_issue_s=scaled(profile.host_issue_s), host_fixed_s=scaled(profile.host_fixed_s),
                    fresh_threshold_bytes=fresh["threshold_bytes"] if fresh else None,
                    fresh_s_per_byte=fresh["s_per_byte"] if fresh else 0.0)

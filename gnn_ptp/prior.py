@@ -41,6 +41,7 @@ all-reduce overlap model.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
@@ -158,6 +159,16 @@ class Profile:
     0.23 ms per MiB on this project's Intel kind, where a large out-of-place add runs at 7 GB/s against
     24-41 GB/s in place."""
 
+    depthwise: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    """Where fitted so (``prior_fit.fit_device(depthwise=True)``), per "forward:<dtype>" and
+    "backward:<dtype>", a depthwise-like convolution's time (``depthwise_shapes``) as a power law in its
+    shape rather than its FLOPs: ``exp(c0) * batch^a * channels^b * (height x width)^c * taps^d`` seconds,
+    the coefficients (c0, a, b, c, d) (``depthwise_law_seconds``). On the CPU kinds here oneDNN's
+    depthwise backward runs at no one rate per FLOP: at equal FLOPs ConvNeXt's 7x7 ones take 4-10x the
+    random CNNs' 3x3 ones, and the time grows as batch^0.6-0.74 x channels^0.46-0.68 x space^0.12-0.38
+    x taps^0.8-1.03 on all three kinds (README, *The CPU prior*). Other nodes, and a (direction, dtype)
+    without a law, use the curves."""
+
     moved_from: "tuple[Profile, Hardware, Hardware, float] | None" = None
     """Where this profile is another CPU kind's prior moved here by splitting each kernel's time
     (``descriptor.transfer(..., mode="split")``): (the source kind's profile, the source's and this kind's
@@ -248,6 +259,35 @@ def grouped_conv(x: torch.Tensor, x_cat: torch.Tensor) -> torch.Tensor:
     return out
 
 
+DEPTHWISE_MAX_DEPTH = 49
+"""A grouped convolution reducing over at most this many products per output (one channel of a 7x7
+kernel, four of a 3x3) is depthwise-like (``depthwise_shapes``); RegNet's group convolutions (16 channels
+per group, depth 144) are not."""
+
+
+def depthwise_shapes(x: torch.Tensor, x_cat: torch.Tensor) -> torch.Tensor:
+    """Per node (float64 [N, 4]) the shape a depthwise-like convolution's time follows (``Profile.depthwise``):
+    batch, channels, spatial size (height x width) of its input, and its reduction depth (kernel taps per
+    output: 9 for a 3x3 depthwise one); NaN for every other node (not a grouped convolution of depth at most
+    ``DEPTHWISE_MAX_DEPTH``, or not a 2-d one). The input is the forward node's input, the fused backward
+    node's first output (the input's gradient); the depth as ``grouped_conv`` reads it."""
+    out = torch.full((x.shape[0], 4), float("nan"), dtype=torch.float64)
+    grouped = grouped_conv(x, x_cat)
+    if not bool(grouped.any()):
+        return out
+    xs, backward = x[grouped], x_cat[grouped, 3] == BACKWARD_PHASE
+    flops = _unlog(xs[:, 0])
+    out_dims, in_dims = _dims(xs[:, 4:8]), _dims(xs[:, 8:12])
+    depth = torch.round(torch.where(backward, flops / (4.0 * in_dims.clamp_min(1).prod(1)),
+                                    flops / (2.0 * out_dims.clamp_min(1).prod(1))))  # an integer: taps
+    shape = torch.where(backward.unsqueeze(1), out_dims, in_dims)
+    keep = (shape > 0).all(1) & (depth <= DEPTHWISE_MAX_DEPTH) & (depth >= 1)
+    feats = torch.stack([shape[:, 0], shape[:, 1], shape[:, 2] * shape[:, 3], depth], 1)
+    feats[~keep] = float("nan")
+    out[grouped] = feats
+    return out
+
+
 @lru_cache(maxsize=1)
 def calibration() -> dict:
     """The fitted curves per hardware (``prior_calibration.json``); {} where the file is absent."""
@@ -258,7 +298,7 @@ def calibration() -> dict:
 
 PREDICTIVE_KEYS = ("gemm", "vector", "memory", "launch_floor_s", "host_issue_s", "host_fixed_s")
 OPTIONAL_PREDICTIVE_KEYS = ("vector_fraction", "memory_fraction", "memory_half_size", "streaming",
-                            "fresh_threshold_bytes", "fresh_s_per_byte")
+                            "fresh_threshold_bytes", "fresh_s_per_byte", "depthwise")
 """Predictive keys a section may lack; the digest covers them only where present, so that a section
 written before they existed keeps its digest (and the checkpoints trained over it stay valid)."""
 
@@ -288,7 +328,8 @@ def profile_from_dict(hw: Hardware, d: dict) -> Profile:
                    {k: float(v) for k, v in d.get("memory_half_size", {}).items()},
                    tuple(d.get("streaming", ())),
                    float(d["fresh_threshold_bytes"]) if d.get("fresh_threshold_bytes") is not None else None,
-                   float(d.get("fresh_s_per_byte", 0.0)))
+                   float(d.get("fresh_s_per_byte", 0.0)),
+                   {k: tuple(float(v) for v in c) for k, c in d.get("depthwise", {}).items()})
 
 
 def get_profile(hw: Hardware | str) -> Profile:
@@ -369,7 +410,45 @@ def _kernel_seconds(x: torch.Tensor, x_cat: torch.Tensor, profile: Profile,
     memory_s = moved / (hw.memory_bandwidth_Bps * bandwidth)
     ideal_s = [torch.maximum(flops / peak, moved / ceiling.memory_bandwidth_Bps)
                for peak, ceiling in zip(peaks, ceilings)]
-    return torch.maximum(compute_s, memory_s), ideal_s
+    seconds = torch.maximum(compute_s, memory_s)
+    if profile.depthwise:
+        law = depthwise_law_seconds(depthwise_shapes(x, x_cat), x_cat[:, 3] == BACKWARD_PHASE,
+                                    [ops.DTYPES[d] for d in dtype.tolist()], profile.depthwise)
+        seconds = torch.where(torch.isnan(law), seconds, law)
+    return seconds, ideal_s
+
+
+DEPTHWISE_TERMS = ("batch", "channels", "space", "taps")
+"""The shape terms of a depthwise law (``Profile.depthwise``), in ``depthwise_shapes``' column order."""
+
+
+def depthwise_key(backward: bool, dtype: str) -> str:
+    return f"{'backward' if backward else 'forward'}:{dtype}"
+
+
+def depthwise_law_seconds(shapes: torch.Tensor, backward: torch.Tensor, dtypes: list[str],
+                          law: dict[str, tuple[float, ...]]) -> torch.Tensor:
+    """Per node (float64 [N]) its time by a depthwise law (``Profile.depthwise``) from its shape
+    (``depthwise_shapes``), NaN where it has no shape or its (direction, dtype) no law."""
+    out = torch.full((shapes.shape[0],), float("nan"), dtype=torch.float64)
+    if not law:
+        return out
+    has = ~torch.isnan(shapes[:, 0])
+    if not bool(has.any()):
+        return out
+    logs = torch.log(shapes.clamp_min(1.0))
+    names = np.array(dtypes)
+    for key, c in law.items():
+        direction, dtype = key.split(":")
+        rows = has & (backward == (direction == "backward")) & torch.from_numpy(names == dtype)
+        if bool(rows.any()):
+            out[rows] = torch.exp(c[0] + logs[rows] @ torch.tensor(c[1:], dtype=torch.float64))
+    return out
+
+
+def scaled_depthwise(law: dict[str, tuple[float, ...]], factor: float) -> dict[str, tuple[float, ...]]:
+    """A depthwise law whose times are ``factor`` times as long (a prior moved to a slower kind)."""
+    return {k: (c[0] + math.log(factor), *c[1:]) for k, c in law.items()}
 
 
 def split_moved_seconds(source_s: torch.Tensor, source_ideal_s: torch.Tensor, target_ideal_s: torch.Tensor,

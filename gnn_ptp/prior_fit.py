@@ -35,7 +35,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -70,6 +70,9 @@ class KernelRows:
     None: unknown, nothing fresh)."""
     grouped: torch.Tensor | None = None
     """Per row, whether the kernel is a grouped convolution (``prior.grouped_conv``; None: unknown, none)."""
+    depthwise: torch.Tensor | None = None
+    """Per row, a depthwise-like convolution's shape ([R, 4], ``prior.depthwise_shapes``; NaN for other
+    rows; None: unknown, none)."""
 
     def __len__(self) -> int:
         return int(self.seconds.numel())
@@ -99,7 +102,7 @@ def kernel_rows(samples: list, node_seconds: dict[str, list[torch.Tensor]]) -> K
     """Rows of every node with a measured device time > 0 (``node_seconds``: per configuration key, one
     tensor of per-node seconds per profile, NaN where unmatched; profiles of a configuration averaged)."""
     parts = {k: [] for k in ("flops", "moved", "dtype", "gemm", "tc", "cat", "family", "s", "draw", "bwd", "fresh",
-                                 "grouped")}
+                                 "grouped", "depthwise")}
     gemm_ids = torch.tensor([ops.CATEGORIES.index(c) for c in ops.TENSOR_CORE_CATEGORIES])
     for s in samples:
         per_profile = node_seconds.get(s.key)
@@ -123,6 +126,7 @@ def kernel_rows(samples: list, node_seconds: dict[str, list[torch.Tensor]]) -> K
         parts["draw"].append(row_draws(s.key, keep.numel())[keep])
         parts["bwd"].append(x_cat[:, 3] == prior.BACKWARD_PHASE)
         parts["grouped"].append(prior.grouped_conv(x, x_cat))
+        parts["depthwise"].append(prior.depthwise_shapes(x, x_cat))
         fresh = getattr(s, "fresh_bytes", None)
         parts["fresh"].append(fresh[keep].double() if fresh is not None else torch.zeros(int(keep.sum()), 2,
                                                                                           dtype=torch.float64))
@@ -131,7 +135,7 @@ def kernel_rows(samples: list, node_seconds: dict[str, list[torch.Tensor]]) -> K
     return KernelRows(torch.cat(parts["flops"]), torch.cat(parts["moved"]), parts["dtype"],
                       torch.cat(parts["gemm"]), torch.cat(parts["tc"]), parts["cat"], parts["family"],
                       torch.cat(parts["s"]), torch.cat(parts["draw"]), torch.cat(parts["bwd"]),
-                      torch.cat(parts["fresh"]), torch.cat(parts["grouped"]))
+                      torch.cat(parts["fresh"]), torch.cat(parts["grouped"]), torch.cat(parts["depthwise"]))
 
 
 def row_draws(key: str, n: int) -> torch.Tensor:
@@ -303,7 +307,7 @@ curve the pooled one, which the categories without a fraction of their own use."
 def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: bool = True,
                intensity: bool = True, vector_by_category: bool = True, memory_by_category: bool = True,
                streaming: tuple[str, ...] | None = None, backward_curves: bool = False,
-               fresh: dict | None = None, grouped_conv: bool = False) -> dict:
+               fresh: dict | None = None, grouped_conv: bool = False, depthwise: bool = False) -> dict:
     """Curves (``prior.Curve`` dicts) for GEMM-like kernels per category and dtype (``by_category``; else
     per dtype), other compute ("vector"), memory traffic, and the device floor in seconds, fitted to
     ``rows``. With ``intensity`` the compute curves also ramp with arithmetic intensity; with
@@ -322,7 +326,14 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
     one) gets a forward and a backward curve of its own (``prior.GROUPED_CONV``): tried on two CPU kinds
     (2026-11-26), it made DenseNet's left-out steps far better and the random CNNs' and RegNet's far worse
     (their small depthwise and dense-fast group convolutions priced by curves fitted to large depthwise
-    ones), so it is off by default (README, *The CPU prior*)."""
+    ones), so it is off by default (README, *The CPU prior*). With ``depthwise`` each (direction, dtype) with
+    at least ``MIN_GROUP_ROWS`` depthwise-like convolutions (``prior.depthwise_shapes``) gets a power law in
+    their shape (``fit_depthwise``, ``prior.Profile.depthwise``) and the curves are fitted to the other
+    rows."""
+    law = {}
+    if depthwise and rows.depthwise is not None:
+        law, on_law = fit_depthwise(rows, fresh)
+        rows = take(rows, ~on_law)
     if streaming is None:
         streaming = STREAMING if memory_by_category and hw.kind != "cpu" else ()
     groups = _groups(rows, by_category, vector_by_category, backward_curves, grouped_conv)
@@ -389,9 +400,42 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
             out["memory_half_size"] = {k: c["half_size"] for k, c in own.items()}
         if streaming:
             out["streaming"] = sorted(streaming)
+        if law:
+            out["depthwise"] = law
         if fresh:
             out["fresh"] = {"threshold_bytes": float(fresh["threshold_bytes"]), "s_per_byte": float(fresh["s_per_byte"])}
     return out
+
+
+def fit_depthwise(rows: KernelRows, fresh: dict | None = None) -> tuple[dict, torch.Tensor]:
+    """A power law in the shape of the depthwise-like convolutions of ``rows`` (``prior.Profile.depthwise``),
+    per direction and dtype with at least ``MIN_GROUP_ROWS`` of them: log time (less a measured
+    fresh-allocation cost, which the prior adds back; at least a tenth of the time left) by ordinary least
+    squares on the logs of batch, channels, spatial size and taps, its constant raised by the log of the
+    mean of exp(residual), so that the rows' summed time is priced without the geometric mean's low bias.
+    Returns the laws ({"backward:bf16": [c0, a, b, c, d]}) and which rows they price (bool [R])."""
+    on_law = torch.zeros(len(rows), dtype=torch.bool)
+    if rows.depthwise is None:
+        return {}, on_law
+    has = ~torch.isnan(rows.depthwise[:, 0])
+    faults = None if not fresh else prior.fresh_seconds(rows.fresh, fresh["threshold_bytes"], fresh["s_per_byte"])
+    target = rows.seconds if faults is None else torch.maximum(rows.seconds - faults, 0.1 * rows.seconds)
+    backward = rows.backward if rows.backward is not None else torch.zeros(len(rows), dtype=torch.bool)
+    names = np.array(rows.dtype)
+    law = {}
+    for b in (False, True):
+        for d in sorted(set(names[has.numpy()].tolist())):
+            m = has & (backward == b) & torch.from_numpy(names == d)
+            if int(m.sum()) < MIN_GROUP_ROWS:
+                continue
+            X = torch.cat([torch.ones(int(m.sum()), 1, dtype=torch.float64),
+                           torch.log(rows.depthwise[m].clamp_min(1.0))], 1).numpy()
+            y = torch.log(target[m]).numpy()
+            coef = np.linalg.lstsq(X, y, rcond=None)[0]
+            coef[0] += math.log(float(np.mean(np.exp(y - X @ coef))))
+            law[prior.depthwise_key(b, d)] = [float(c) for c in coef]
+            on_law |= m
+    return law, on_law
 
 
 def device_profile(hw: Hardware, fitted: dict, host_s=None, fixed_s=None) -> prior.Profile:
@@ -399,7 +443,8 @@ def device_profile(hw: Hardware, fitted: dict, host_s=None, fixed_s=None) -> pri
     d = {"gemm": fitted["gemm"], "vector": fitted["vector"], "memory": fitted["memory"],
          "launch_floor_s": fitted["device_floor_s"], "vector_fraction": fitted.get("vector_fraction", {}),
          "memory_fraction": fitted.get("memory_fraction", {}),
-         "memory_half_size": fitted.get("memory_half_size", {}), "streaming": fitted.get("streaming", [])}
+         "memory_half_size": fitted.get("memory_half_size", {}), "streaming": fitted.get("streaming", []),
+         "depthwise": fitted.get("depthwise", {})}
     if fitted.get("fresh"):
         d["fresh_threshold_bytes"] = fitted["fresh"]["threshold_bytes"]
         d["fresh_s_per_byte"] = fitted["fresh"]["s_per_byte"]
@@ -450,7 +495,12 @@ def _prior_seconds(rows: KernelRows, profile: prior.Profile) -> torch.Tensor:
         m = torch.from_numpy((category == c) & (dtype == d))
         bandwidth[m] = profile.memory_curve(c, d)(rows.moved[m])
     memory = rows.moved / (hw.memory_bandwidth_Bps * bandwidth)
-    seconds = torch.maximum(torch.maximum(compute, memory), torch.full_like(compute, profile.launch_floor_s))
+    seconds = torch.maximum(compute, memory)
+    if profile.depthwise and rows.depthwise is not None:
+        backward = rows.backward if rows.backward is not None else torch.zeros(len(rows), dtype=torch.bool)
+        law = prior.depthwise_law_seconds(rows.depthwise, backward, rows.dtype, profile.depthwise)
+        seconds = torch.where(torch.isnan(law), seconds, law)
+    seconds = torch.maximum(seconds, torch.full_like(compute, profile.launch_floor_s))
     faults = prior.fresh_seconds(rows.fresh, profile.fresh_threshold_bytes, profile.fresh_s_per_byte)
     return seconds if faults is None else seconds + faults
 
@@ -560,20 +610,37 @@ def subsample(rows: KernelRows, limit: int, seed: int = 0) -> KernelRows:
     draw = rows.draw if rows.draw is not None else torch.rand(
         len(rows), generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
     keep = torch.argsort(draw, stable=True)[:limit].sort().values
+    return take(replace(rows, draw=draw), keep)
+
+
+def take(rows: KernelRows, keep: torch.Tensor) -> KernelRows:
+    """The rows at indices ``keep`` (int) or where ``keep`` is true (bool), in their order."""
+    if keep.dtype == torch.bool:
+        keep = torch.nonzero(keep).flatten()
     pick = keep.tolist()
+
+    def part(t):
+        return t[keep] if t is not None else None
     return KernelRows(rows.flops[keep], rows.moved[keep], [rows.dtype[i] for i in pick], rows.gemm[keep],
                       rows.tensor_core[keep], [rows.category[i] for i in pick], [rows.family[i] for i in pick],
-                      rows.seconds[keep], draw[keep], rows.backward[keep] if rows.backward is not None else None,
-                      rows.fresh[keep] if rows.fresh is not None else None,
-                      rows.grouped[keep] if rows.grouped is not None else None)
+                      rows.seconds[keep], part(rows.draw), part(rows.backward), part(rows.fresh),
+                      part(rows.grouped), part(rows.depthwise))
 
 
 def fit(samples: list, node_seconds: dict, hw: Hardware, max_rows: int | None = None, **device_kw):
-    """Both stages on ``samples``: (fitted device curves, profile with host costs, host report)."""
+    """Both stages on ``samples``: (fitted device curves, profile with host costs, host report). With
+    ``depthwise`` the law is fitted to every depthwise-like kernel (a few thousand) and the curves to at most
+    ``max_rows`` of the others."""
     rows = kernel_rows(samples, node_seconds)
+    law = {}
+    if device_kw.pop("depthwise", False):
+        law, on_law = fit_depthwise(rows, device_kw.get("fresh"))
+        rows = take(rows, ~on_law)
     if max_rows:
         rows = subsample(rows, max_rows)
     fitted = fit_device(rows, hw, **device_kw)
+    if law:
+        fitted["depthwise"] = law
     host, fixed, report = fit_host(samples, device_profile(hw, fitted))
     return fitted, device_profile(hw, fitted, host, fixed), report
 

@@ -236,6 +236,32 @@ def test_the_ceiling_gap_is_the_largest_rate_ratio_a_transfer_crosses():
     assert descriptor.ceiling_gap(home, slow_bf16) == pytest.approx(math.log10(7))
 
 
+def test_a_depthwise_law_moves_by_the_non_gemm_ratio_or_is_split_like_any_kernel():
+    """A SYNTHETIC depthwise law (seconds, not a fraction of a peak) on a prior moved to a kind at half
+    every rate: by the ceilings its times double (the non-GEMM ratio); split, the source prices the node by
+    the law and the split moves it (``prior.split_moved_seconds``)."""
+    from dataclasses import replace
+
+    home, slow = synthetic_cpu(1.0, "synthetic-home-cpu"), synthetic_cpu(0.5)
+    law = {"forward:fp32": (-11.0, 0.3, 0.2, 0.25, 0.0), "backward:fp32": (-14.0, 0.7, 0.55, 0.3, 0.9)}
+    profile = replace(prior.Profile(home.hardware(), launch_floor_s=1e-9), depthwise=law)
+    x, x_cat = nodes([2.0 * 8 * 64 * 56 * 56 * 9], [8 * 64 * 56 * 56 * 4 * 2.0], category="conv")
+    x[:, 8:12] = torch.log2(1 + torch.tensor([8.0, 64, 56, 56]))  # the input, [N, C, H, W]
+    x[:, 4:8] = x[:, 8:12]  # a stride-1 depthwise 3x3: the output as the input
+    shapes = prior.depthwise_shapes(x, x_cat)
+    assert shapes[0].tolist() == [8.0, 64.0, 56.0 * 56.0, 9.0]
+    at_home = prior.depthwise_law_seconds(shapes, torch.tensor([False]), ["fp32"], law)
+    torch.testing.assert_close(prior.node_seconds(x, x_cat, profile), at_home)
+    moved = descriptor.transfer(profile, home, slow, mode="ceilings")
+    torch.testing.assert_close(prior.node_seconds(x, x_cat, moved), 2 * at_home)
+    split = descriptor.transfer(profile, home, slow, mode="split")
+    assert split.moved_from is not None
+    source_s, (source_ideal, target_ideal) = prior._kernel_seconds(x, x_cat, profile, home.hardware(), slow.hardware())
+    torch.testing.assert_close(source_s, at_home)
+    torch.testing.assert_close(prior.node_seconds(x, x_cat, split),
+                               prior.split_moved_seconds(at_home, source_ideal, target_ideal, 0.5))
+
+
 def with_probes(d: Descriptor, seconds: dict[str, float], suite: str = descriptor.PROBE_SUITE) -> Descriptor:
     """``d`` with SYNTHETIC step-probe seconds: every probe of a group the given seconds (two probes a group)."""
     from dataclasses import replace

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -574,6 +575,64 @@ def test_grouped_convolutions_get_their_own_forward_and_backward_curves():
         assert not prior.grouped_conv(x, x_cat).any()
         dense_s = prior._unlog(x[:, 0]) / (rate * 0.6)
         torch.testing.assert_close(prior.node_seconds(x, x_cat, own), dense_s, rtol=0.1, atol=0)
+
+
+def test_depthwise_convolutions_get_a_power_law_in_their_shape():
+    """SYNTHETIC depthwise convolutions whose time is a known power law in batch, channels, space and taps
+    (not in their FLOPs), beside dense ones on a FLOPs curve: ``fit_depthwise`` recovers the law's exponents,
+    its summed time is unbiased despite log-normal noise, the dense curve is fitted to the dense rows alone,
+    and ``prior.node_seconds`` prices a traced depthwise node (read by ``prior.depthwise_shapes`` from its
+    features alone) by the law and a dense one by the curve."""
+    cpu = HARDWARE["cpu"]
+    rate = cpu.flops_rate("fp32", False, gemm=True)
+    g = torch.Generator().manual_seed(3)
+    n = 4000
+    depthwise = torch.rand(n, generator=g) < 0.4
+    backward = torch.rand(n, generator=g) < 0.5
+    shapes = torch.stack([torch.randint(1, 33, (n,), generator=g), torch.randint(8, 769, (n,), generator=g),
+                          torch.randint(7, 113, (n,), generator=g) ** 2,
+                          torch.tensor([9, 25, 49])[torch.randint(0, 3, (n,), generator=g)]], 1).double()
+    flops = torch.where(backward, 4.0, 2.0) * shapes.prod(1)
+    law = {"forward:fp32": [-11.0, 0.3, 0.2, 0.25, 0.0], "backward:fp32": [-14.0, 0.7, 0.55, 0.3, 0.9]}
+    truth = prior.depthwise_law_seconds(shapes, backward, ["fp32"] * n, law)
+    noise = torch.exp(0.4 * torch.randn(n, generator=g, dtype=torch.float64))
+    seconds = torch.where(depthwise, truth, flops / (rate * 0.6)) * torch.where(depthwise, noise, 1.0)
+    rows = prior_fit.KernelRows(flops, flops / 20, ["fp32"] * n, torch.ones(n, dtype=torch.bool),
+                                torch.zeros(n, dtype=torch.bool), ["conv"] * n, ["synthetic"] * n, seconds,
+                                None, backward, None, depthwise,
+                                torch.where(depthwise.unsqueeze(1), shapes, float("nan")))
+    fitted_law, on_law = prior_fit.fit_depthwise(rows)
+    assert on_law.tolist() == depthwise.tolist()
+    for key, true in law.items():
+        assert fitted_law[key][1:] == pytest.approx(true[1:], abs=0.06)
+        m = depthwise & (backward == key.startswith("backward"))
+        priced = prior.depthwise_law_seconds(shapes[m], backward[m], ["fp32"] * int(m.sum()), fitted_law)
+        assert float(priced.sum() / seconds[m].sum()) == pytest.approx(1.0, abs=0.08)  # the sum, not the geometric mean
+    fitted = prior_fit.fit_device(rows, cpu, steps=600, intensity=False, depthwise=True)
+    assert fitted["depthwise"] == fitted_law
+    own = prior_fit.device_profile(cpu, fitted)
+    dense = prior_fit.take(rows, ~depthwise)
+    assert prior_fit.kernel_errors(dense, own)["all"]["median_ape"] < 5
+    assert prior_fit.kernel_errors(rows, own)["all"]["median_ape"] < 40  # the depthwise rows' noise is 0.4 in log
+
+    from conftest import py_spec
+    from gnn_ptp import graph
+    from gnn_ptp.spec import Shape
+    from gnn_ptp.trace import StepConfig, trace_step
+
+    traced = trace_step(StepConfig(py_spec("conv2", c1=16, c2=16, groups=16), Shape(4, None, 48), "fp32"))
+    tensors, _ = graph.to_tensors(traced)
+    x, x_cat = tensors["x"], tensors["x_cat"]
+    conv = torch.nonzero(x_cat[:, 1] == ops.CATEGORIES.index("conv")).flatten()
+    read = prior.depthwise_shapes(x, x_cat)[conv]
+    assert torch.isnan(read[[0, 3]]).all()  # the dense first convolution, forward and backward
+    assert read[1].tolist() == read[2].tolist() == [4.0, 16.0, 48.0 * 48.0, 9.0]  # batch, channels, H x W, taps
+    with_law, without = prior.node_seconds(x, x_cat, own)[conv], prior.node_seconds(x, x_cat, replace(own, depthwise={}))
+    expected = prior.depthwise_law_seconds(read[1:3], x_cat[conv[1:3], 3] == prior.BACKWARD_PHASE, ["fp32"] * 2,
+                                           fitted_law)
+    torch.testing.assert_close(with_law[1:3], expected.clamp_min(own.launch_floor_s))
+    torch.testing.assert_close(with_law[[0, 3]], without[conv][[0, 3]])
+    assert not torch.allclose(with_law[1:3], without[conv][1:3])
 
 
 def test_grouped_convolution_curves_with_few_kernels_fall_back_in_lookup_order():
