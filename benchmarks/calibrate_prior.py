@@ -428,6 +428,17 @@ def _section(hw, env: dict, source: str, summary: str, by_class: str, fitted: di
             "host_fixed_s": list(profile.host_fixed_s), "fit_families": fit_families, "errors": errors}
 
 
+def write_sections(table: dict, before: dict, path: Path) -> None:
+    """Write the sections of ``table`` that differ from ``before`` (the file as this run read it) into
+    the file as it is now, atomically: a fit of another section that finished while this one ran (two
+    15-minute ``--lofo`` runs side by side) keeps its write."""
+    from gnn_ptp.store import atomic_write_text
+
+    changed = {k: v for k, v in table.items() if before.get(k) != v}
+    now = json.loads(path.read_text()) if path.is_file() else {}
+    atomic_write_text(json.dumps({**now, **changed}, indent=1, sort_keys=True) + "\n", path)
+
+
 def cpu_section_name(cpu_model: str, table: dict) -> str:
     """Where a CPU's profile fit goes: ``cpu`` for the reference CPU (the one the ``cpu`` section names,
     whose curves every other CPU kind's descriptor scales), ``cpu-<kind>`` for another kind's own curves
@@ -530,6 +541,7 @@ def main() -> None:
     if args.profiles and args.neusight:
         ap.error("--profiles and --neusight both write the h100 section: give one")
     table = json.loads(CALIBRATION_FILE.read_text()) if CALIBRATION_FILE.is_file() else {}
+    before = json.loads(json.dumps(table))
     errors = {}
     if args.profiles:
         kw = {"by_category": not args.pooled_gemm, "intensity": not args.no_intensity,
@@ -565,9 +577,7 @@ def main() -> None:
     if args.neusight or args.cpu:
         print_table(errors)
     if args.write:
-        from gnn_ptp.store import atomic_write_text
-
-        atomic_write_text(json.dumps(table, indent=1, sort_keys=True) + "\n", CALIBRATION_FILE)
+        write_sections(table, before, CALIBRATION_FILE)
         print(f"\nwrote {CALIBRATION_FILE}")
 
 

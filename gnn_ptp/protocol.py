@@ -93,6 +93,9 @@ class Budget:
     """hardware: how a CPU kind's prior moves to another CPU kind (``descriptor.transfer``'s mode:
     ``ceilings``, every peak by the ceilings' ratio, the default; ``split``, only a kernel's time at the
     ceilings by them and the rest by the non-GEMM ratio)."""
+    depthwise_law: bool = False
+    """A CPU kind's prior refitted in every fold prices depthwise convolutions by a power law in their
+    shape (``prior_fit.fit(depthwise=True)``, ``PriorRefit.depthwise_law``)."""
     jobs: int = 1
     """Folds trained at once, each in a forked worker process (``threads`` torch threads each, 1 when
     unset): a leave-one-family-out run is 17 independent folds per seed. Same results as one at a time."""
@@ -207,6 +210,8 @@ class PriorRefit:
     priced from them (``apply``)."""
     mode: str = "ceilings"
     """How a prior moves between CPU kinds (``descriptor.transfer``'s mode)."""
+    depthwise_law: bool = False
+    """A CPU kind's fit prices depthwise convolutions by a power law in their shape (``Profile.depthwise``)."""
     transfer: str = "nearest"
     """A kind only tested on, with several training kinds in the fold: priced by the prior of the one whose
     ceilings are nearest (``descriptor.ceiling_gap``), or by the geometric mean of every training kind's
@@ -236,7 +241,8 @@ class PriorRefit:
             desc = self.descriptors.get(name)
             hw = desc.profile().hardware if desc is not None and desc.kind == "cpu" else get_hardware(name)
             fresh = desc.fresh() if desc is not None else None  # a CPU kind's measured page-fault cost
-            _, fitted[name], _ = prior_fit.fit(own, seconds, hw, max_rows=self.max_rows, fresh=fresh)
+            _, fitted[name], _ = prior_fit.fit(own, seconds, hw, max_rows=self.max_rows, fresh=fresh,
+                                               depthwise=self.depthwise_law and hw.kind == "cpu")
             self._price(parts, name, fitted[name])
             info[name] = {"fit_steps": len(own), "fit_s": round(time.perf_counter() - tick, 1)}
         tested = {s.hardware_name for s in parts["test"]} - trained
@@ -280,7 +286,7 @@ which the shipped one was fitted to the steps under test and no training kind ha
 
 
 def prior_refit(data_dirs, log, strict: bool = False, transfer: str = "nearest",
-                mode: str = "ceilings") -> PriorRefit | None:
+                mode: str = "ceilings", depthwise_law: bool = False) -> PriorRefit | None:
     """``PriorRefit`` for the folders of ``data_dirs`` whose records have per-op profiles, GPU or CPU (None
     when there is none)."""
     from gnn_ptp import descriptor, node_labels
@@ -295,7 +301,8 @@ def prior_refit(data_dirs, log, strict: bool = False, transfer: str = "nearest",
         log(f"{d}: the {desc.name} prior is refitted in every fold to the fold's training configurations "
             "(per-op profiles; the shipped one has seen most families)")
         seconds[desc.name] = node_labels.node_seconds(d, own)
-    return PriorRefit(seconds, descriptors=descriptors, transfer=transfer, mode=mode) if seconds else None
+    return (PriorRefit(seconds, descriptors=descriptors, transfer=transfer, mode=mode, depthwise_law=depthwise_law)
+            if seconds else None)
 
 
 # --- training one fold -----------------------------------------------------------------------------------
@@ -460,7 +467,8 @@ def run(protocol: str, data_dirs, config=None, budget: Budget = Budget(), log=No
         _check_kinds(data_dirs, strict)  # from the records alone, before any graph is traced
     measured, samples, repeats = loaded or load(data_dirs, base.model.precision_aware, log, strict,
                                                 node_labels=bool(base.node_weight))
-    refit = prior_refit(data_dirs, log, strict, budget.hardware_transfer, budget.transfer_mode) if budget.refit_prior else None
+    refit = (prior_refit(data_dirs, log, strict, budget.hardware_transfer, budget.transfer_mode, budget.depthwise_law)
+             if budget.refit_prior else None)
     rng = np.random.default_rng(0)
     start = time.perf_counter()
     if protocol == "lofo":

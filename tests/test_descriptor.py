@@ -226,6 +226,27 @@ def test_a_cpu_profile_fit_writes_the_reference_section_or_the_kind_s_own():
     assert module.cpu_section_name("Intel Xeon", {}) == "cpu"  # the first CPU fitted becomes the reference
 
 
+def test_two_calibration_runs_side_by_side_keep_each_other_s_section(tmp_path):
+    """Two ``calibrate_prior.py --write`` runs that read the same file and finish one after the other
+    (SYNTHETIC sections): the second writes its own section into the file as the first left it."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "calibrate_prior.py"
+    spec = importlib.util.spec_from_file_location("calibrate_prior", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    file = tmp_path / "prior_calibration.json"
+    file.write_text(json.dumps({"cpu": {"v": 1}, "cpu-b": {"v": 1}, "h100": {"v": 1}}))
+    first, second = json.loads(file.read_text()), json.loads(file.read_text())
+    before = json.loads(file.read_text())
+    first["cpu"], second["cpu-b"] = {"v": 2}, {"v": 3}
+    module.write_sections(first, before, file)
+    module.write_sections(second, before, file)
+    assert json.loads(file.read_text()) == {"cpu": {"v": 2}, "cpu-b": {"v": 3}, "h100": {"v": 1}}
+
+
 def test_the_ceiling_gap_is_the_largest_rate_ratio_a_transfer_crosses():
     home = descriptor.stored_cpus()["amd-epyc"]
     assert descriptor.ceiling_gap(home, home) == 0

@@ -276,6 +276,30 @@ def test_protocol_refits_a_gpu_prior_per_fold_on_the_training_families_only():
     assert all(torch.equal(a, s.prior_log_ms) for a, s in zip(before, (s for p in parts.values() for s in p)))
 
 
+def test_protocol_refits_a_cpu_kind_s_prior_with_the_depthwise_law_only_when_asked(monkeypatch):
+    """``PriorRefit(depthwise_law=True)`` (``evaluate --protocol ... --depthwise-law``) asks ``prior_fit.fit``
+    for the law on a CPU kind, never on a GPU; off by default (SYNTHETIC samples; the fit is stubbed to
+    record what it was asked)."""
+    from gnn_ptp import descriptor
+    from gnn_ptp.protocol import PriorRefit
+
+    asked = []
+
+    def fit(samples, seconds, hw, max_rows=None, **kw):
+        asked.append((hw.kind, kw.get("depthwise")))
+        raise StopIteration  # what was asked is all this test needs
+    monkeypatch.setattr(prior_fit, "fit", fit)
+    cpu = descriptor.stored_cpus()["amd-epyc"]
+    for name, kinds in (("amd-epyc", {"amd-epyc": cpu}), ("h200", {})):
+        s = _sample(10, 1e-6, "a")
+        s.key, s.hardware_name = "a-10", name
+        parts = {"train": [s], "val": [], "test": []}
+        for law in (False, True):
+            with pytest.raises(StopIteration):
+                PriorRefit({name: {}}, descriptors=kinds, depthwise_law=law).apply(parts)
+    assert asked == [("cpu", False), ("cpu", True), ("gpu", False), ("gpu", False)]
+
+
 def test_the_subsample_does_not_depend_on_the_order_configurations_come_in():
     """SYNTHETIC rows of two 'configurations', each with its ``row_draws``: concatenated in either order,
     the subsample keeps the same rows (the per-fold prior of a protocol run does not follow its seed)."""
