@@ -10,6 +10,9 @@ Per node (one kernel of ``graph.to_tensors``)::
     seconds   = max(compute_s, memory_s, launch_floor_s)        (memory_s alone for a ``streaming`` category)
               + fresh bytes above the mmap threshold * fresh_s_per_byte        (a CPU whose cost is measured)
 
+where a depthwise-like convolution's ``max(compute_s, memory_s)`` is, on a profile fitted with one, a power
+law in its shape instead (``Profile.depthwise``: batch, channels, height x width, taps).
+
 ``peak(dtype, path)`` is ``Hardware.flops_rate``: tensor-core rates for tf32/fp16/bf16 matmuls on a GPU,
 the CUDA-core rate for strict fp32, the measured GEMM rate per dtype on a CPU. A curve is the fraction
 of the peak a kernel of that size reaches, ``peak_fraction / (1 + (half_size / size) ** slope)``: small
@@ -416,10 +419,6 @@ def _kernel_seconds(x: torch.Tensor, x_cat: torch.Tensor, profile: Profile,
                                     [ops.DTYPES[d] for d in dtype.tolist()], profile.depthwise)
         seconds = torch.where(torch.isnan(law), seconds, law)
     return seconds, ideal_s
-
-
-DEPTHWISE_TERMS = ("batch", "channels", "space", "taps")
-"""The shape terms of a depthwise law (``Profile.depthwise``), in ``depthwise_shapes``' column order."""
 
 
 def depthwise_key(backward: bool, dtype: str) -> str:
