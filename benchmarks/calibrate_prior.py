@@ -308,6 +308,7 @@ def fit_profiles(data: Path, fit_families: list[str], **device_kw) -> tuple[dict
     from gnn_ptp import prior_fit
 
     hw, samples, seconds = prior_fit.load_profiled(data)
+    device_kw = {**device_kw, "depthwise": device_kw.get("depthwise", False) and hw.kind == "cpu"}
     fit_s = [s for s in samples if s.family in fit_families]
     held_s = [s for s in samples if s.family not in fit_families]
     if not fit_s or not held_s:
@@ -346,6 +347,7 @@ def fit_profiles_lofo(data: Path, hold_out: list[str] = (), **device_kw) -> tupl
     from gnn_ptp import prior_fit
 
     hw, samples, seconds = prior_fit.load_profiled(data)
+    device_kw = {**device_kw, "depthwise": device_kw.get("depthwise", False) and hw.kind == "cpu"}
     print(f"leave one family out ({len({s.family for s in samples})} families, {len(samples)} steps):")
     lofo = prior_fit.leave_one_family_out(samples, seconds, hw, log=print, **device_kw)
     unknown = sorted(set(hold_out) - {s.family for s in samples})
@@ -515,11 +517,12 @@ def main() -> None:
                          "curve of their own (prior.GROUPED_CONV; tried 2026-11-26: DenseNet and ResNet got better, "
                          "the random CNNs and RegNet much worse, its declared rule failed, so off by default; README "
                          "*The CPU prior*)")
-    ap.add_argument("--depthwise-law", action="store_true",
-                    help="with --profiles: depthwise-like convolutions (grouped, reduction depth <= 49) priced by a "
-                         "power law in their shape (batch, channels, spatial size, taps) per direction and dtype "
-                         "instead of a FLOPs curve, the curves fitted to the other kernels (prior.Profile.depthwise; "
-                         "README *The CPU prior*)")
+    ap.add_argument("--no-depthwise-law", action="store_true",
+                    help="with --profiles on a CPU: depthwise-like convolutions (grouped, reduction depth <= 49) on "
+                         "the FLOPs curves, the form before 2026-11-26's thirteenth session (default on a CPU: a "
+                         "power law in their shape, batch, channels, spatial size, taps, per direction and dtype, "
+                         "the curves fitted to the other kernels, prior.Profile.depthwise; a GPU fit never: not "
+                         "scored there; README *The CPU prior*)")
     ap.add_argument("--no-fresh", action="store_true",
                     help="with --profiles: leave out the CPU kind's measured fresh-allocation cost (page faults of "
                          "outputs above the mmap threshold, python -m gnn_ptp.descriptor --fresh): the form "
@@ -547,7 +550,7 @@ def main() -> None:
         kw = {"by_category": not args.pooled_gemm, "intensity": not args.no_intensity,
               "vector_by_category": not args.pooled_vector, "memory_by_category": not args.pooled_memory,
               "backward_curves": args.backward_curves, "grouped_conv": args.grouped_conv,
-              "depthwise": args.depthwise_law,
+              "depthwise": not args.no_depthwise_law,
               "fresh": None if args.no_fresh else fresh_of(args.profiles)}
         if args.lofo:
             section, e = fit_profiles_lofo(args.profiles, [f for f in args.hold_out.split(",") if f], **kw)

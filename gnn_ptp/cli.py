@@ -306,7 +306,7 @@ def run_train(args) -> int:
 PROTOCOL_ONLY = {"config": None, "epochs": None, "patience": None, "families": None, "seeds": "0",
                  "variants": "gnn,gnn-prior", "threads": None, "bootstrap": 2000, "shipped_prior": False,
                  "jobs": 1, "hardware_folds": "all", "hardware_transfer": "nearest",
-                 "transfer_mode": "ceilings", "depthwise_law": False}
+                 "transfer_mode": "ceilings", "no_depthwise_law": False}
 """``evaluate``'s options that only a --protocol run reads, with their defaults."""
 
 
@@ -350,9 +350,10 @@ def add_evaluate_parser(sub) -> None:
                    help="hardware, CPU kinds: move a prior to another kind by its ceilings' ratios (ceilings, "
                         "default) or only each kernel's time at the ceilings so, the rest by the non-GEMM "
                         "ratio (split)")
-    g.add_argument("--depthwise-law", action="store_true",
+    g.add_argument("--no-depthwise-law", action="store_true",
                    help="CPU data with per-op profiles: the prior refitted in every fold prices depthwise "
-                        "convolutions by a power law in their shape (calibrate_prior.py --depthwise-law)")
+                        "convolutions by its FLOPs curves, as before 2026-11-26, instead of a power law in their "
+                        "shape (the default: README *The CPU prior*)")
     g.add_argument("--bootstrap", type=_positive_int, default=PROTOCOL_ONLY["bootstrap"],
                    help="bootstrap resamples (default 2000)")
     g.add_argument("--shipped-prior", action="store_true",
@@ -413,7 +414,7 @@ def run_protocol(args) -> int:
                     threads=args.threads, bootstrap=args.bootstrap, refit_prior=not args.shipped_prior,
                     jobs=args.jobs, hardware_folds=args.hardware_folds,
                     hardware_transfer=args.hardware_transfer, transfer_mode=args.transfer_mode,
-                    depthwise_law=args.depthwise_law)
+                    depthwise_law=not args.no_depthwise_law)
     result = run(args.protocol, args.data, args.config, budget, strict=args.strict)
     print(json.dumps(result, indent=2) if args.json else format_result(result))
     return 0

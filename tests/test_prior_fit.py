@@ -276,10 +276,10 @@ def test_protocol_refits_a_gpu_prior_per_fold_on_the_training_families_only():
     assert all(torch.equal(a, s.prior_log_ms) for a, s in zip(before, (s for p in parts.values() for s in p)))
 
 
-def test_protocol_refits_a_cpu_kind_s_prior_with_the_depthwise_law_only_when_asked(monkeypatch):
-    """``PriorRefit(depthwise_law=True)`` (``evaluate --protocol ... --depthwise-law``) asks ``prior_fit.fit``
-    for the law on a CPU kind, never on a GPU; off by default (SYNTHETIC samples; the fit is stubbed to
-    record what it was asked)."""
+def test_protocol_refits_a_cpu_kind_s_prior_with_the_depthwise_law_by_default_never_a_gpu_s(monkeypatch):
+    """``PriorRefit`` asks ``prior_fit.fit`` for the depthwise law on a CPU kind by default, not with
+    ``depthwise_law=False`` (``evaluate --protocol ... --no-depthwise-law``), never on a GPU (SYNTHETIC
+    samples; the fit is stubbed to record what it was asked)."""
     from gnn_ptp import descriptor
     from gnn_ptp.protocol import PriorRefit
 
@@ -294,9 +294,9 @@ def test_protocol_refits_a_cpu_kind_s_prior_with_the_depthwise_law_only_when_ask
         s = _sample(10, 1e-6, "a")
         s.key, s.hardware_name = "a-10", name
         parts = {"train": [s], "val": [], "test": []}
-        for law in (False, True):
+        for kw in ({"depthwise_law": False}, {}):
             with pytest.raises(StopIteration):
-                PriorRefit({name: {}}, descriptors=kinds, depthwise_law=law).apply(parts)
+                PriorRefit({name: {}}, descriptors=kinds, **kw).apply(parts)
     assert asked == [("cpu", False), ("cpu", True), ("gpu", False), ("gpu", False)]
 
 

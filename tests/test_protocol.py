@@ -480,7 +480,7 @@ def test_the_h200_protocol_config_is_the_shipped_h200_config_without_its_split()
 
 @pytest.mark.parametrize("flags, named", [(["--shipped-prior"], "--shipped-prior"),
                                           (["--epochs", "3", "--seeds", "0,1"], "--epochs, --seeds"),
-                                          (["--depthwise-law"], "--depthwise-law")])
+                                          (["--no-depthwise-law"], "--no-depthwise-law")])
 def test_protocol_options_without_protocol_are_one_clear_error(flags, named, capsys):
     """Options only a --protocol run reads are refused on a checkpoint evaluation, not silently ignored."""
     code = cli.main(["evaluate", "--checkpoint", "checkpoints/cpu", "--data", "datasets/cpu", *flags])
