@@ -415,9 +415,12 @@ def _kernel_seconds(x: torch.Tensor, x_cat: torch.Tensor, profile: Profile,
                for peak, ceiling in zip(peaks, ceilings)]
     seconds = torch.maximum(compute_s, memory_s)
     if profile.depthwise:
-        law = depthwise_law_seconds(depthwise_shapes(x, x_cat), x_cat[:, 3] == BACKWARD_PHASE,
-                                    [ops.DTYPES[d] for d in dtype.tolist()], profile.depthwise)
-        seconds = torch.where(torch.isnan(law), seconds, law)
+        shapes = depthwise_shapes(x, x_cat)
+        has = ~torch.isnan(shapes[:, 0])
+        if bool(has.any()):  # the dtype names of those nodes only: this runs on every priced graph
+            law = depthwise_law_seconds(shapes[has], x_cat[has, 3] == BACKWARD_PHASE,
+                                        [ops.DTYPES[d] for d in dtype[has].tolist()], profile.depthwise)
+            seconds[has] = torch.where(torch.isnan(law), seconds[has], law)
     return seconds, ideal_s
 
 

@@ -330,10 +330,7 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
     at least ``MIN_GROUP_ROWS`` depthwise-like convolutions (``prior.depthwise_shapes``) gets a power law in
     their shape (``fit_depthwise``, ``prior.Profile.depthwise``) and the curves are fitted to the other
     rows."""
-    law = {}
-    if depthwise and rows.depthwise is not None:
-        law, on_law = fit_depthwise(rows, fresh)
-        rows = take(rows, ~on_law)
+    law, rows = _depthwise_apart(rows, fresh) if depthwise else ({}, rows)
     if streaming is None:
         streaming = STREAMING if memory_by_category and hw.kind != "cpu" else ()
     groups = _groups(rows, by_category, vector_by_category, backward_curves, grouped_conv)
@@ -436,6 +433,12 @@ def fit_depthwise(rows: KernelRows, fresh: dict | None = None) -> tuple[dict, to
             law[prior.depthwise_key(b, d)] = [float(c) for c in coef]
             on_law |= m
     return law, on_law
+
+
+def _depthwise_apart(rows: KernelRows, fresh: dict | None) -> tuple[dict, KernelRows]:
+    """``fit_depthwise``'s laws and the rows they do not price (the ones the curves are fitted to)."""
+    law, on_law = fit_depthwise(rows, fresh)
+    return law, (take(rows, ~on_law) if law else rows)
 
 
 def device_profile(hw: Hardware, fitted: dict, host_s=None, fixed_s=None) -> prior.Profile:
@@ -632,10 +635,7 @@ def fit(samples: list, node_seconds: dict, hw: Hardware, max_rows: int | None = 
     ``depthwise`` the law is fitted to every depthwise-like kernel (a few thousand) and the curves to at most
     ``max_rows`` of the others."""
     rows = kernel_rows(samples, node_seconds)
-    law = {}
-    if device_kw.pop("depthwise", False):
-        law, on_law = fit_depthwise(rows, device_kw.get("fresh"))
-        rows = take(rows, ~on_law)
+    law, rows = _depthwise_apart(rows, device_kw.get("fresh")) if device_kw.pop("depthwise", False) else ({}, rows)
     if max_rows:
         rows = subsample(rows, max_rows)
     fitted = fit_device(rows, hw, **device_kw)
