@@ -317,3 +317,24 @@ def test_node_label_config_is_the_shipped_config_plus_node_weight():
     nodes = load_train_config(REPO / "training" / "cpu_nodes.toml")
     assert shipped.node_weight == 0 and nodes.node_weight > 0
     assert dataclasses.replace(nodes, node_weight=0.0) == shipped
+
+
+def test_the_shipped_residual_config_is_the_node_label_config_over_the_prior():
+    """training/cpu_nodes_prior.toml (checkpoints/cpu since 2026-11-26) differs from training/cpu_nodes.toml
+    only in the model's target and hardware descriptor, so the README's comparison of the two checkpoints
+    is of the residual over the prior and nothing else; the shipped checkpoint was trained with it."""
+    import dataclasses
+    import json
+
+    from gnn_ptp.train import load_train_config
+
+    nodes = load_train_config(REPO / "training" / "cpu_nodes.toml")
+    residual = load_train_config(REPO / "training" / "cpu_nodes_prior.toml")
+    assert residual.model.target == "log_ratio_prior" and residual.model.hardware_descriptor
+    assert nodes.model.target != "log_ratio_prior" and not nodes.model.hardware_descriptor
+    plain = dataclasses.replace(residual.model, target=nodes.model.target,
+                                hardware_descriptor=nodes.model.hardware_descriptor)
+    assert dataclasses.replace(residual, model=plain) == nodes
+    meta = json.loads((REPO / "checkpoints" / "cpu" / "meta.json").read_text())
+    assert meta["model"]["target"] == "log_ratio_prior" and meta["model"]["hardware_descriptor"]
+    assert meta["train"]["node_weight"] == residual.node_weight

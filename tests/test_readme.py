@@ -66,7 +66,7 @@ RUN = {
     # (an exact recompute of its predictions on its stored split; traces the 33 held-out configurations on a
     # cold cache, ~1-2 minutes on 2 cores)
     "gnn-ptp evaluate --checkpoint checkpoints/cpu --data datasets/cpu": [
-        "gnn (precision-aware)        12.7%", "ridge on graph totals        16.5%"],
+        "gnn (precision-aware)        10.9%", "ridge on graph totals        16.5%"],
     # the same for the H200 checkpoint (162 held-out configurations traced on a cold cache, ~2-4 minutes)
     "gnn-ptp evaluate --checkpoint checkpoints/h200 --data datasets/h200": [
         "gnn (precision-aware)        15.3%", "gnn, precision-unaware       30.0%"],
@@ -93,7 +93,7 @@ NOT_IN_CI = {
     "gnn-ptp evaluate --checkpoint nodes-ckpt --data datasets/cpu --json":
         ("needs the checkpoint the line above trains; test_node_labels.py evaluates a small one", "parse"),
     "gnn-ptp collect --grid training/grids/h100.toml --out datasets/h100": ("measures on an H100", "parse"),
-    "gnn-ptp train --data datasets/cpu --config training/cpu_nodes.toml --out checkpoints/cpu --baselines":
+    "gnn-ptp train --data datasets/cpu --config training/cpu_nodes_prior.toml --out checkpoints/cpu --baselines":
         ("trains for ~10 minutes on 2 cores and would replace the shipped checkpoint; test_train.py trains "
          "small ones", "parse"),
     "gnn-ptp evaluate --checkpoint checkpoints/cpu --data datasets/cpu --plot parity.png":
