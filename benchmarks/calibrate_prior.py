@@ -301,6 +301,15 @@ def print_table(errors: dict) -> None:
 # --- a Hopper GPU from its own harvest: profiled kernels and measured steps ---------------------------------
 
 
+def _depthwise_for(hw, device_kw: dict) -> dict:
+    """``device_kw`` with the depthwise law on where asked for: a CPU's fit by default (``depthwise``), a GPU's
+    only with ``gpu_depthwise`` (``--gpu-depthwise-law``)."""
+    kw = dict(device_kw)
+    gpu = kw.pop("gpu_depthwise", False)
+    kw["depthwise"] = gpu if hw.kind != "cpu" else kw.get("depthwise", False)
+    return kw
+
+
 def fit_profiles(data: Path, fit_families: list[str], **device_kw) -> tuple[dict, dict]:
     """Curves and host issue costs fitted to a GPU dataset's profiled kernels and timed steps of
     ``fit_families`` (gnn_ptp/prior_fit.py; ``device_kw``: ``prior_fit.fit_device``'s options); errors on
@@ -308,7 +317,7 @@ def fit_profiles(data: Path, fit_families: list[str], **device_kw) -> tuple[dict
     from gnn_ptp import prior_fit
 
     hw, samples, seconds = prior_fit.load_profiled(data)
-    device_kw = {**device_kw, "depthwise": device_kw.get("depthwise", False) and hw.kind == "cpu"}
+    device_kw = _depthwise_for(hw, device_kw)
     fit_s = [s for s in samples if s.family in fit_families]
     held_s = [s for s in samples if s.family not in fit_families]
     if not fit_s or not held_s:
@@ -347,7 +356,7 @@ def fit_profiles_lofo(data: Path, hold_out: list[str] = (), **device_kw) -> tupl
     from gnn_ptp import prior_fit
 
     hw, samples, seconds = prior_fit.load_profiled(data)
-    device_kw = {**device_kw, "depthwise": device_kw.get("depthwise", False) and hw.kind == "cpu"}
+    device_kw = _depthwise_for(hw, device_kw)
     print(f"leave one family out ({len({s.family for s in samples})} families, {len(samples)} steps):")
     lofo = prior_fit.leave_one_family_out(samples, seconds, hw, log=print, **device_kw)
     unknown = sorted(set(hold_out) - {s.family for s in samples})
@@ -523,6 +532,9 @@ def main() -> None:
                          "power law in their shape, batch, channels, spatial size, taps, per direction and dtype, "
                          "the curves fitted to the other kernels, prior.Profile.depthwise; a GPU fit never: not "
                          "scored there; README *The CPU prior*)")
+    ap.add_argument("--gpu-depthwise-law", action="store_true",
+                    help="with --profiles on a GPU: the CPU's depthwise law on the GPU's kernels too (declared and "
+                         "scored on the H200 in 2026-11-26's fourteenth session; README *Calibration*)")
     ap.add_argument("--no-fresh", action="store_true",
                     help="with --profiles: leave out the CPU kind's measured fresh-allocation cost (page faults of "
                          "outputs above the mmap threshold, python -m gnn_ptp.descriptor --fresh): the form "
@@ -550,7 +562,7 @@ def main() -> None:
         kw = {"by_category": not args.pooled_gemm, "intensity": not args.no_intensity,
               "vector_by_category": not args.pooled_vector, "memory_by_category": not args.pooled_memory,
               "backward_curves": args.backward_curves, "grouped_conv": args.grouped_conv,
-              "depthwise": not args.no_depthwise_law,
+              "depthwise": not args.no_depthwise_law, "gpu_depthwise": args.gpu_depthwise_law,
               "fresh": None if args.no_fresh else fresh_of(args.profiles)}
         if args.lofo:
             section, e = fit_profiles_lofo(args.profiles, [f for f in args.hold_out.split(",") if f], **kw)

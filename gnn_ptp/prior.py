@@ -319,6 +319,9 @@ def calibration_digest(section: str) -> str:
 
 
 def profile_from_dict(hw: Hardware, d: dict) -> Profile:
+    """``hw``'s profile from a calibration section. A section fitted on another GPU (the H100 borrows the
+    H200's: ``CURVES_OF``) gives its curves as they are, fractions of ``hw``'s own peaks; its depthwise law,
+    in seconds, is moved by the two GPUs' memory bandwidth (``borrowed_depthwise``)."""
     return Profile(hw, {k: Curve.from_dict(v) for k, v in d.get("gemm", {}).items()},
                    Curve.from_dict(d["vector"]) if "vector" in d else Curve(),
                    Curve.from_dict(d["memory"]) if "memory" in d else Curve(),
@@ -332,7 +335,19 @@ def profile_from_dict(hw: Hardware, d: dict) -> Profile:
                    tuple(d.get("streaming", ())),
                    float(d["fresh_threshold_bytes"]) if d.get("fresh_threshold_bytes") is not None else None,
                    float(d.get("fresh_s_per_byte", 0.0)),
-                   {k: tuple(float(v) for v in c) for k, c in d.get("depthwise", {}).items()})
+                   borrowed_depthwise(hw, d))
+
+
+def borrowed_depthwise(hw: Hardware, d: dict) -> dict[str, tuple[float, ...]]:
+    """A section's depthwise law for ``hw``: as fitted on a CPU (a CPU kind moves it by its descriptor,
+    ``descriptor.transfer``) or on ``hw`` itself; fitted on another GPU, scaled by that GPU's memory
+    bandwidth over ``hw``'s (a depthwise convolution reduces over a few taps only: on a GPU it streams its
+    input and output, memory-bound)."""
+    law = {k: tuple(float(v) for v in c) for k, c in d.get("depthwise", {}).items()}
+    source = HARDWARE.get(d.get("fitted_on") or "")
+    if not law or source is None or source.kind == "cpu" or hw.kind == "cpu" or source.name == hw.name:
+        return law
+    return scaled_depthwise(law, source.memory_bandwidth_Bps / hw.memory_bandwidth_Bps)
 
 
 def get_profile(hw: Hardware | str) -> Profile:

@@ -392,3 +392,35 @@ def test_the_differentiable_step_model_is_the_launch_queue(host):
     if host != "none":
         got.sum().backward()
         assert (scale.grad[torch.unique(phase)] > 0).all()
+
+
+def test_a_gpu_section_s_depthwise_law_moves_by_memory_bandwidth_to_the_gpu_borrowing_it():
+    """A law is in seconds, not a fraction of a peak: the H100, which borrows the H200's section, gets the
+    H200's law scaled by their bandwidths; the H200 itself and a CPU section get it as fitted. SYNTHETIC law."""
+    law = {"forward:bf16": [-20.0, 0.9, 0.8, 0.9, 0.5], "backward:bf16": [-19.0, 1.0, 0.9, 1.0, 0.6]}
+    section = {"fitted_on": "h200", "depthwise": law}
+    h100, h200 = HARDWARE["h100"], HARDWARE["h200"]
+    assert prior.profile_from_dict(h200, section).depthwise == {k: tuple(v) for k, v in law.items()}
+    moved = prior.profile_from_dict(h100, section).depthwise
+    ratio = h200.memory_bandwidth_Bps / h100.memory_bandwidth_Bps
+    assert ratio > 1.3  # the H100 streams slower: its depthwise kernels take longer
+    for key, c in law.items():
+        assert moved[key][1:] == tuple(c[1:]) and math.isclose(math.exp(moved[key][0] - c[0]), ratio)
+    cpu = prior.profile_from_dict(HARDWARE["cpu"], {"fitted_on": "cpu", "depthwise": law})
+    assert cpu.depthwise == {k: tuple(v) for k, v in law.items()}
+
+
+def test_calibrate_prior_fits_a_gpu_s_depthwise_law_only_when_asked(monkeypatch):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "calibrate_prior.py"
+    spec = importlib.util.spec_from_file_location("calibrate_prior_under_test", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    gpu, cpu = HARDWARE["h200"], HARDWARE["cpu"]
+    assert mod._depthwise_for(gpu, {"depthwise": True})["depthwise"] is False
+    assert mod._depthwise_for(gpu, {"depthwise": True, "gpu_depthwise": True})["depthwise"] is True
+    assert mod._depthwise_for(cpu, {"depthwise": True, "gpu_depthwise": False})["depthwise"] is True
+    assert mod._depthwise_for(cpu, {"depthwise": False, "gpu_depthwise": True})["depthwise"] is False
+    assert "gpu_depthwise" not in mod._depthwise_for(gpu, {"depthwise": True, "gpu_depthwise": True})
