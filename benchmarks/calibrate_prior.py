@@ -349,7 +349,8 @@ def fit_profiles(data: Path, fit_families: list[str], **device_kw) -> tuple[dict
     return _section(hw, env, source, summary, by_class, fitted, profile, fit_families, errors), errors
 
 
-def fit_profiles_lofo(data: Path, hold_out: list[str] = (), **device_kw) -> tuple[dict, dict]:
+def fit_profiles_lofo(data: Path, hold_out: list[str] = (), score_only: bool = False,
+                      **device_kw) -> tuple[dict | None, dict]:
     """The shipped curves fitted to every family of a GPU dataset but ``hold_out`` (the families a
     checkpoint trained over this prior is tested on, which the prior must not see either); the expected
     error from fitting the same way with one family left out at a time (``prior_fit.leave_one_family_out``)."""
@@ -359,6 +360,8 @@ def fit_profiles_lofo(data: Path, hold_out: list[str] = (), **device_kw) -> tupl
     device_kw = _depthwise_for(hw, device_kw)
     print(f"leave one family out ({len({s.family for s in samples})} families, {len(samples)} steps):")
     lofo = prior_fit.leave_one_family_out(samples, seconds, hw, log=print, **device_kw)
+    if score_only:  # --lofo-only: the expected error, without the shipped fit (~35 min on the H200's kernels)
+        return None, {"lofo": lofo}
     unknown = sorted(set(hold_out) - {s.family for s in samples})
     if unknown:
         raise SystemExit(f"--hold-out {','.join(unknown)}: not a family of {data}")
@@ -466,6 +469,8 @@ def print_lofo(errors: dict) -> None:
           f"predicted / measured median {lofo['all']['ratio_median']:.2f}, n {lofo['all']['n']}); mean of "
           f"families {lofo['family_mean_mape']:.1f}%, worst {lofo['worst_family']} {lofo['worst_family_mape']:.1f}%")
     print("  " + ", ".join(f"{k} {v:.1f}%" for k, v in lofo["by_precision"].items()))
+    if "steps_fitted" not in errors:  # --lofo-only
+        return
     fitted = errors["steps_fitted"]
     print(f"the shipped fit, on its own families: step MAPE {fitted['all']['mape']:.1f}% "
           f"(median {fitted['all']['median_ape']:.1f}%)")
@@ -501,6 +506,9 @@ def main() -> None:
                          "a CPU's (datasets/cpu) fits section cpu (the microbenchmark fit kept as microbench-cpu)")
     ap.add_argument("--fit-families", default=",".join(RANDOM_FAMILIES),
                     help="with --profiles: the families fitted on (every other family is held out and scored)")
+    ap.add_argument("--lofo-only", action="store_true",
+                    help="with --profiles: leave one family out and print its score, without fitting (or "
+                         "writing) the shipped section")
     ap.add_argument("--lofo", action="store_true",
                     help="with --profiles: fit the shipped curves on every family but --hold-out and judge the "
                          "method by leaving one family out at a time (its expected error)")
@@ -553,6 +561,8 @@ def main() -> None:
         ap.error(f"--cpu-section {args.cpu_section}: 'cpu' or cpu-<descriptor name>")
     if not args.neusight and not args.cpu and not args.profiles:
         ap.error("give --profiles DATA, --neusight PATH and/or --cpu")
+    if args.lofo_only and (args.write or args.neusight or args.cpu or not args.profiles):
+        ap.error("--lofo-only scores --profiles DATA alone and writes nothing: no --write, --neusight or --cpu")
     if args.profiles and args.neusight:
         ap.error("--profiles and --neusight both write the h100 section: give one")
     table = json.loads(CALIBRATION_FILE.read_text()) if CALIBRATION_FILE.is_file() else {}
@@ -564,6 +574,10 @@ def main() -> None:
               "backward_curves": args.backward_curves, "grouped_conv": args.grouped_conv,
               "depthwise": not args.no_depthwise_law, "gpu_depthwise": args.gpu_depthwise_law,
               "fresh": None if args.no_fresh else fresh_of(args.profiles)}
+        if args.lofo_only:
+            _, e = fit_profiles_lofo(args.profiles, score_only=True, **kw)
+            print_lofo(e)
+            return
         if args.lofo:
             section, e = fit_profiles_lofo(args.profiles, [f for f in args.hold_out.split(",") if f], **kw)
         else:
