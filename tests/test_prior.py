@@ -424,3 +424,15 @@ def test_calibrate_prior_fits_a_gpu_s_depthwise_law_only_when_asked(monkeypatch)
     assert mod._depthwise_for(cpu, {"depthwise": True, "gpu_depthwise": False})["depthwise"] is True
     assert mod._depthwise_for(cpu, {"depthwise": False, "gpu_depthwise": True})["depthwise"] is False
     assert "gpu_depthwise" not in mod._depthwise_for(gpu, {"depthwise": True, "gpu_depthwise": True})
+
+
+def test_calibrate_prior_lofo_only_writes_nothing_and_refuses_write():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "calibrate_prior.py"
+    for extra in (["--write"], ["--cpu"]):
+        done = subprocess.run([sys.executable, str(script), "--profiles", "datasets/h200", "--lofo-only", *extra],
+                              capture_output=True, text=True)
+        assert done.returncode == 2 and "--lofo-only" in done.stderr.splitlines()[-1]
