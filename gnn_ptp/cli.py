@@ -306,7 +306,7 @@ def run_train(args) -> int:
 PROTOCOL_ONLY = {"config": None, "epochs": None, "patience": None, "families": None, "seeds": "0",
                  "variants": "gnn,gnn-prior", "threads": None, "bootstrap": 2000, "shipped_prior": False,
                  "jobs": 1, "hardware_folds": "all", "hardware_transfer": "nearest",
-                 "transfer_mode": "ceilings", "no_depthwise_law": False}
+                 "transfer_mode": "split", "no_depthwise_law": False}
 """``evaluate``'s options that only a --protocol run reads, with their defaults."""
 
 
@@ -347,9 +347,9 @@ def add_evaluate_parser(sub) -> None:
                    help="hardware: price a kind tested on by the prior of the training kind with the nearest "
                         "ceilings (nearest, default) or the geometric mean of every training kind's (mean)")
     g.add_argument("--transfer-mode", default=PROTOCOL_ONLY["transfer_mode"],
-                   help="hardware, CPU kinds: move a prior to another kind by its ceilings' ratios (ceilings, "
-                        "default) or only each kernel's time at the ceilings so, the rest by the non-GEMM "
-                        "ratio (split)")
+                   help="hardware, CPU kinds: move a prior to another kind by only each kernel's time at the "
+                        "ceilings by their ratios, the rest by the non-GEMM ratio (split, default since "
+                        "2026-11-26) or every peak by the ceilings' ratios (ceilings, the form before)")
     g.add_argument("--no-depthwise-law", action="store_true",
                    help="CPU data with per-op profiles: the prior refitted in every fold prices depthwise "
                         "convolutions by its FLOPs curves, as before 2026-11-26, instead of a power law in their "

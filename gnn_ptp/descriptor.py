@@ -156,8 +156,12 @@ class Descriptor:
 
 
 TRANSFER_MODES = ("ceilings", "split")
-CPU_TRANSFER = "ceilings"
-"""How ``transfer`` moves a prior between two CPU kinds without shared step probes (``TRANSFER_MODES``)."""
+CPU_TRANSFER = "split"
+"""How ``transfer`` moves a prior between two CPU kinds without shared step probes (``TRANSFER_MODES``).
+``split`` since 2026-11-26 (fourteenth session), by a rule declared before the run: in the hardware
+protocol's six ordered pairs of the three CPU kinds, with the depthwise law, the prior refitted per fold
+66.4 -> 17.5 % (mean of the pairs), the residual GNN 61.0 -> 18.6 %, neither AMD-to-AMD pair worse
+(README *Protocol*, splitting)."""
 
 
 def transfer(profile, source: "Descriptor", target: "Descriptor", mode: str | None = None):
@@ -169,7 +173,7 @@ def transfer(profile, source: "Descriptor", target: "Descriptor", mode: str | No
     (``prior.Profile.fresh_s_per_byte``) takes the target's measured one, or none where the target has no
     measurement (a cost is not moved between kinds: it is the operating system's and allocator's).
 
-    ``mode`` (default ``CPU_TRANSFER``) "split", between two CPU kinds that do not share step probes: each
+    ``mode`` "split" (the default, ``CPU_TRANSFER``), between two CPU kinds that do not share step probes: each
     kernel's time is split instead (``prior.Profile.moved_from``, ``prior.split_moved_seconds``). Its time
     at the source's measured ceilings moves to its time at the target's; the rest, what the fitted curves
     add above the ceilings, moves by the non-GEMM ratio (the geometric mean of the element-wise and

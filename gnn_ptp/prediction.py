@@ -640,17 +640,20 @@ def _for_cpu_kind(model, meta: dict, ckpt_path, cpu_kind: str):
     if model.descriptor is not None and model.descriptor.kind == "cpu":
         rate, ratio = descriptor.widest_ceiling(model.descriptor, stored[name])
         if max(ratio, 1 / ratio) >= FAR_CEILINGS:
-            note += (f"; its {rate} rate is {ratio:.2g}x the training CPU's: the prior moved that far between "
-                     "CPU kinds was 32-226 % off in the hardware protocol (README *Protocol*), so treat this as "
-                     "a rough guess, or measure a profiled harvest pass on this CPU")
+            note += (f"; its {rate} rate is {ratio:.2g}x the training CPU's: trained on one CPU kind and tested on "
+                     "another this far from it, the residual GNN was 17-22 % off in the hardware protocol "
+                     "(14-19 % between the two nearer AMD kinds; README *Protocol*): a profiled harvest pass "
+                     "on this CPU does better")
     return chosen, note
 
 
 FAR_CEILINGS = 2.5
 """A CPU kind whose ceilings differ from the checkpoint's training CPU by this factor or more on one rate
 gets a warning with its ``predict --cpu-kind`` answer. Set between the gaps measured on the three CPU
-kinds (2026-11-25): the two AMD kinds are 2.47x apart at most (bf16 GEMM) and their prior moved by the
-ceilings 21.7-24.2 % off; the Intel kind is 2.9x and 7.2x from them and 32.4-226 % off."""
+kinds (2026-11-25): the two AMD kinds are 2.47x apart at most (bf16 GEMM), the Intel kind 2.9x and 7.2x
+from them. Moved by the ceilings (the form before 2026-11-26) the prior was 32-226 % off between the far
+kinds; split (the default since), the residual GNN 17.4-21.6 % between them, 14.3-19.3 % between the AMD
+kinds (README *Protocol*)."""
 
 
 def _model_for(hardware: str, checkpoint: str | Path | None, analytic: bool = False):

@@ -89,10 +89,10 @@ class Budget:
     hardware_transfer: str = "nearest"
     """hardware: a kind tested on is priced by the nearest training kind's prior (``nearest``) or the
     geometric mean of every training kind's (``mean``), moved by the ceilings (``PriorRefit.transfer``)."""
-    transfer_mode: str = "ceilings"
+    transfer_mode: str = "split"
     """hardware: how a CPU kind's prior moves to another CPU kind (``descriptor.transfer``'s mode:
-    ``ceilings``, every peak by the ceilings' ratio, the default; ``split``, only a kernel's time at the
-    ceilings by them and the rest by the non-GEMM ratio)."""
+    ``split``, only a kernel's time at the ceilings by them and the rest by the non-GEMM ratio, the default
+    since 2026-11-26 as ``descriptor.CPU_TRANSFER``; ``ceilings``, every peak by the ceilings' ratio)."""
     depthwise_law: bool = True
     """A CPU kind's prior refitted in every fold prices depthwise convolutions by a power law in their
     shape (``prior_fit.fit(depthwise=True)``, ``PriorRefit.depthwise_law``; since 2026-11-26: each family

@@ -161,13 +161,16 @@ def test_a_checkpoint_from_before_the_options_still_loads(synthetic_dir, tmp_pat
 
 
 def test_a_checkpoint_from_before_the_options_loads_with_the_new_defaults(tmp_path):
-    """The shipped checkpoint with its meta written as before target / hardware_descriptor existed."""
+    """A shipped raw-log-time checkpoint (the CPU checkpoint's precision-unaware baseline; the CPU checkpoint
+    itself is a residual over the prior since 2026-11-26) with its meta written as before target /
+    hardware_descriptor existed."""
     import json
     import shutil
     from pathlib import Path
 
     old = tmp_path / "old"
-    shutil.copytree(Path(__file__).resolve().parent.parent / "checkpoints" / "cpu", old)
+    shipped = Path(__file__).resolve().parent.parent / "checkpoints" / "cpu"
+    shutil.copytree(shipped / "baselines" / "precision_unaware", old)
     meta = json.loads((old / "meta.json").read_text())
     for key in ("target", "hardware_descriptor"):
         meta["model"].pop(key, None)
