@@ -155,6 +155,24 @@ class Descriptor:
             raise UserError(f"hardware descriptor: {e}") from None
 
 
+class MovedPrior:
+    """``target``'s descriptor whose prior is ``source``'s (its calibrated section) moved to ``target`` by
+    ``transfer`` (``CPU_TRANSFER``), never ``target``'s own section: a GNN trained as a residual over
+    ``source``'s prior is consistent only over that prior, so ``predict --cpu-kind`` prices a residual
+    checkpoint so, as the hardware protocol's folds do (README *Protocol*). Everything else is ``target``'s."""
+
+    def __init__(self, source: "Descriptor", target: "Descriptor"):
+        self.source, self.target = source, target
+
+    def __getattr__(self, name):
+        return getattr(self.target, name)
+
+    def profile(self, section: str | None = None):
+        if section is not None:
+            return self.target.profile(section)
+        return transfer(self.source.profile(), self.source, self.target)
+
+
 TRANSFER_MODES = ("ceilings", "split")
 CPU_TRANSFER = "split"
 """How ``transfer`` moves a prior between two CPU kinds without shared step probes (``TRANSFER_MODES``).

@@ -140,6 +140,27 @@ def test_a_cpu_kind_with_its_own_kernel_curves_uses_them(monkeypatch):
     assert not torch.allclose(mine, scaled)
 
 
+def test_a_residual_s_cpu_kind_is_priced_over_the_training_kind_s_prior_moved_not_its_own(monkeypatch):
+    """SYNTHETIC calibration table: for ``predict --cpu-kind`` with a residual checkpoint, a CPU kind that
+    has its own section is still priced by the training kind's prior moved to it (``MovedPrior``), the
+    prior the residual was learned over; its features and name are its own."""
+    import copy
+
+    x, x_cat = nodes([1e6, 1e9, 1e11], [1e4, 1e6, 1e8])
+    home, slow = descriptor.stored_cpus()["amd-epyc"], synthetic_cpu(0.5, "synthetic-cpu-kind")
+    table = copy.deepcopy(prior.calibration())
+    own = copy.deepcopy(table["cpu"])
+    own["cpu_model"] = "Synthetic CPU Kind"
+    own["launch_floor_s"] = table["cpu"]["launch_floor_s"] * 3
+    table["cpu-synthetic-cpu-kind"] = own
+    monkeypatch.setattr(prior, "calibration", lambda: table)
+    moved = descriptor.MovedPrior(home, slow)
+    assert moved.name == slow.name and torch.equal(moved.features(), slow.features())
+    expected = prior.node_seconds(x, x_cat, descriptor.transfer(home.profile(), home, slow))
+    torch.testing.assert_close(prior.node_seconds(x, x_cat, moved.profile()), expected, rtol=1e-9, atol=0)
+    assert not torch.allclose(prior.node_seconds(x, x_cat, slow.profile()), expected)  # its own section differs
+
+
 def test_attach_gives_each_sample_its_hardware_s_features_and_prior():
     from torch_geometric.data import Data
 
