@@ -164,7 +164,9 @@ class MovedPrior:
     def __init__(self, source: "Descriptor", target: "Descriptor"):
         self.source, self.target = source, target
 
-    def __getattr__(self, name):
+    def __getattr__(self, name):  # only for what is not set here (never source / target: no recursion)
+        if name in ("source", "target"):
+            raise AttributeError(name)
         return getattr(self.target, name)
 
     def profile(self, section: str | None = None):
