@@ -47,6 +47,7 @@ import numpy as np
 import torch
 
 from gnn_ptp import dataset, metrics, prior_fit
+from gnn_ptp.descriptor import CPU_TRANSFER
 from gnn_ptp.errors import UserError, closest
 
 PROTOCOLS = ("lofo", "size", "hardware")
@@ -89,10 +90,10 @@ class Budget:
     hardware_transfer: str = "nearest"
     """hardware: a kind tested on is priced by the nearest training kind's prior (``nearest``) or the
     geometric mean of every training kind's (``mean``), moved by the ceilings (``PriorRefit.transfer``)."""
-    transfer_mode: str = "split"
-    """hardware: how a CPU kind's prior moves to another CPU kind (``descriptor.transfer``'s mode:
-    ``split``, only a kernel's time at the ceilings by them and the rest by the non-GEMM ratio, the default
-    since 2026-11-26 as ``descriptor.CPU_TRANSFER``; ``ceilings``, every peak by the ceilings' ratio)."""
+    transfer_mode: str = CPU_TRANSFER
+    """hardware: how a CPU kind's prior moves to another CPU kind (``descriptor.transfer``'s mode, by default
+    ``descriptor.CPU_TRANSFER``: ``split``, only a kernel's time at the ceilings by them and the rest by the
+    non-GEMM ratio, since 2026-11-26; ``ceilings``, every peak by the ceilings' ratio)."""
     depthwise_law: bool = True
     """A CPU kind's prior refitted in every fold prices depthwise convolutions by a power law in their
     shape (``prior_fit.fit(depthwise=True)``, ``PriorRefit.depthwise_law``; since 2026-11-26: each family

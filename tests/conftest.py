@@ -114,6 +114,17 @@ def random_transformer_spec() -> ModelSpec:
     return spec_of(RANDOM_TRANSFORMER)
 
 
+def calibrate_prior_module():
+    """benchmarks/calibrate_prior.py loaded as a module (a script, not part of the package)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "calibrate_prior.py"
+    spec = importlib.util.spec_from_file_location("calibrate_prior", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def compute_nodes(traced, phase: str | None = None):
     """call_function nodes that launch a kernel (no views, getitem, detach...), optionally one phase."""
     from gnn_ptp import ops

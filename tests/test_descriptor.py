@@ -16,6 +16,8 @@ from gnn_ptp.descriptor import DESCRIPTOR_FEATURES, Descriptor
 from gnn_ptp.errors import UserError
 from gnn_ptp.graph import NODE_FEATURES
 
+from conftest import calibrate_prior_module
+
 
 def synthetic_cpu(factor: float = 0.5, name: str = "synthetic-slow-cpu") -> Descriptor:
     """A SYNTHETIC CPU: this project's measured CPU with every rate times ``factor`` (floor / factor)."""
@@ -234,13 +236,7 @@ def test_a_cpu_kind_s_host_costs_move_with_its_measured_dispatch_floor():
 def test_a_cpu_profile_fit_writes_the_reference_section_or_the_kind_s_own():
     """benchmarks/calibrate_prior.py --profiles on a CPU folder: the reference CPU's fit is section "cpu"
     (whose curves other kinds scale), another kind's is "cpu-<kind>", which its descriptor then prefers."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "calibrate_prior.py"
-    spec = importlib.util.spec_from_file_location("calibrate_prior", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = calibrate_prior_module()
     table = {"cpu": {"cpu_model": "AMD EPYC"}}
     assert module.cpu_section_name("AMD EPYC", table) == "cpu"
     assert module.cpu_section_name("AMD EPYC (family 26 model 2)", table) == "cpu-amd-epyc-family-26-model-2"
@@ -250,14 +246,9 @@ def test_a_cpu_profile_fit_writes_the_reference_section_or_the_kind_s_own():
 def test_two_calibration_runs_side_by_side_keep_each_other_s_section(tmp_path):
     """Two ``calibrate_prior.py --write`` runs that read the same file and finish one after the other
     (SYNTHETIC sections): the second writes its own section into the file as the first left it."""
-    import importlib.util
     import json
-    from pathlib import Path
 
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "calibrate_prior.py"
-    spec = importlib.util.spec_from_file_location("calibrate_prior", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = calibrate_prior_module()
     file = tmp_path / "prior_calibration.json"
     file.write_text(json.dumps({"cpu": {"v": 1}, "cpu-b": {"v": 1}, "h100": {"v": 1}}))
     first, second = json.loads(file.read_text()), json.loads(file.read_text())

@@ -21,7 +21,7 @@ from gnn_ptp.graph import NODE_FEATURES
 from gnn_ptp.hardware import HARDWARE
 from gnn_ptp.precision import PRECISION_NAMES
 
-from conftest import GPT2, PYMODELS
+from conftest import GPT2, PYMODELS, calibrate_prior_module
 
 H100 = prior.get_profile("h100")
 CPU = prior.get_profile("cpu")
@@ -410,14 +410,8 @@ def test_a_gpu_section_s_depthwise_law_moves_by_memory_bandwidth_to_the_gpu_borr
     assert cpu.depthwise == {k: tuple(v) for k, v in law.items()}
 
 
-def test_calibrate_prior_fits_a_gpu_s_depthwise_law_only_when_asked(monkeypatch):
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "calibrate_prior.py"
-    spec = importlib.util.spec_from_file_location("calibrate_prior_under_test", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+def test_calibrate_prior_fits_a_gpu_s_depthwise_law_only_when_asked():
+    mod = calibrate_prior_module()
     gpu, cpu = HARDWARE["h200"], HARDWARE["cpu"]
     assert mod._depthwise_for(gpu, {"depthwise": True})["depthwise"] is False
     assert mod._depthwise_for(gpu, {"depthwise": True, "gpu_depthwise": True})["depthwise"] is True
