@@ -175,6 +175,18 @@ class MovedPrior:
         return transfer(self.source.profile(), self.source, self.target)
 
 
+def residual_prior_for(trained: "Descriptor | None", target: "Descriptor", trained_kinds=()) -> "Descriptor | MovedPrior":
+    """What a checkpoint trained as a residual over ``trained``'s prior prices ``target``'s steps over:
+    ``target`` itself where it is one of the kinds it was trained on (``trained_kinds``, a checkpoint's
+    ``hardware_kinds``; ``trained`` alone when empty) or not a CPU, else ``trained``'s prior moved to it
+    (``MovedPrior``). ``evaluate`` and ``predict --cpu-kind`` both price so, as the hardware protocol's folds do."""
+    if trained is None or trained.kind != "cpu" or target.kind != "cpu":
+        return target
+    if target.name in (set(trained_kinds) or {trained.name}):
+        return target
+    return MovedPrior(trained, target)
+
+
 TRANSFER_MODES = ("ceilings", "split")
 CPU_TRANSFER = "split"
 """How ``transfer`` moves a prior between two CPU kinds without shared step probes (``TRANSFER_MODES``).
@@ -406,10 +418,16 @@ def attach(samples: list, descriptors: list[Descriptor]) -> None:
         _by_name[d.name] = d
 
 
-def attach_measured(samples: list, measured: list) -> None:
-    """``attach`` with each sample's descriptor found from its record's environment (``Measured.env``)."""
+def attach_measured(samples: list, measured: list, over=None) -> list:
+    """``attach`` with each sample's descriptor found from its record's environment (``Measured.env``),
+    passed through ``over`` (a descriptor -> descriptor, e.g. ``residual_prior_for``) when given; returns
+    the descriptors attached, one per sample."""
     env_of = {m.key: m.env or {"hardware": m.hardware} for m in measured}
-    attach(samples, [for_env(env_of[s.key]) for s in samples])
+    found = [for_env(env_of[s.key]) for s in samples]
+    if over is not None:
+        found = [over(d) for d in found]
+    attach(samples, found)
+    return found
 
 
 def of_samples(samples: list) -> Descriptor:

@@ -49,10 +49,22 @@ def evaluate(checkpoint_dir: str | Path, data_dir: str | Path, split: str = "tes
     else:
         wanted = measured
     samples = dataset.make_samples(wanted, dataset.load_graphs(data_dir, wanted, True, log=log))
+    moved_from = None
     if model.cfg.needs_hardware:  # each record's own hardware, not the checkpoint's default
+        from functools import partial
+
         from gnn_ptp import descriptor
 
-        descriptor.attach_measured(samples, wanted)
+        over = None
+        if model.cfg.target == "log_ratio_prior":  # a CPU kind it was not trained on: its training prior, moved
+            over = partial(descriptor.residual_prior_for, model.descriptor,
+                           trained_kinds=meta.get("hardware_kinds") or ())
+        moved = {d.name for d in descriptor.attach_measured(samples, wanted, over)
+                 if isinstance(d, descriptor.MovedPrior)}
+        if moved:
+            moved_from = {"kinds": sorted(moved), "from": model.descriptor.name, "mode": descriptor.CPU_TRANSFER}
+            log(f"priced over the prior of {model.descriptor.name}, the kind the checkpoint was trained on, moved "
+                f"to {', '.join(sorted(moved))} ({descriptor.CPU_TRANSFER}): the prior its residual was learned over")
     parts = {name: [s for s in samples if _split_of(meta, s.family) == name] for name in SPLITS[:3]}
     chosen = samples if split == "all" else parts[split]
     if not chosen:
@@ -106,6 +118,8 @@ def evaluate(checkpoint_dir: str | Path, data_dir: str | Path, split: str = "tes
     result["winner"] = min(scores, key=lambda n: scores[n])
     result["gnn_vs_best_baseline"] = {"baseline": best_baseline,
                                       "mape_ratio": scores[best_baseline] / scores["gnn"] if scores["gnn"] else None}
+    if moved_from:
+        result["prior_moved"] = moved_from
     result.update(checkpoint=str(checkpoint_dir), data=str(data_dir), split=split, hardware=meta["hardware"],
                   held_out_families=sorted(set(families)) if split == "test" else None,
                   trained_on_data_hash=meta.get("data_hash"), data_hash=data_hash)
@@ -155,7 +169,12 @@ def format_table(r: dict) -> str:
     head = f"{r['hardware']} checkpoint {r['checkpoint']} on {r['data']}, {r['split']} split"
     if r.get("held_out_families"):
         head += f" (held-out families: {', '.join(r['held_out_families'])})"
-    lines = [head, "", f"{'step time':<26}{'MAPE':>8}{'median':>8}{'p90':>8}{'n':>6}"]
+    lines = [head]
+    if r.get("prior_moved"):
+        m = r["prior_moved"]
+        lines.append(f"gnn priced over the prior of {m['from']} (the kind it was trained on) moved to "
+                     f"{', '.join(m['kinds'])} ({m['mode']})")
+    lines += ["", f"{'step time':<26}{'MAPE':>8}{'median':>8}{'p90':>8}{'n':>6}"]
     for n in names:
         o = rows[n]["overall"]
         lines.append(f"{label.get(n, n):<26}{pct(o['mape']):>8}{pct(o['median_ape']):>8}{pct(o['p90_ape']):>8}"

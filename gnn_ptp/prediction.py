@@ -637,11 +637,13 @@ def _for_cpu_kind(model, meta: dict, ckpt_path, cpu_kind: str):
     chosen.descriptor = stored[name]
     trained_on = model.descriptor.name if model.descriptor is not None else "?"
     note = f"predicted for CPU kind {name} from its measured ceilings (the checkpoint was trained on {trained_on})"
-    if cfg.target == "log_ratio_prior" and model.descriptor is not None and model.descriptor.name != name:
+    if cfg.target == "log_ratio_prior":
         # the residual was learned over the training kind's prior: price over that prior moved, not the
         # target kind's own section (34.1 % against 25.0 % on the Intel kind's held-out steps, README)
-        chosen.descriptor = descriptor.MovedPrior(model.descriptor, stored[name])
-        note += f", over its prior moved from {trained_on} ({descriptor.CPU_TRANSFER})"
+        chosen.descriptor = descriptor.residual_prior_for(model.descriptor, stored[name],
+                                                          meta.get("hardware_kinds") or ())
+        if isinstance(chosen.descriptor, descriptor.MovedPrior):
+            note += f", over its prior moved from {trained_on} ({descriptor.CPU_TRANSFER})"
     if model.descriptor is not None and model.descriptor.kind == "cpu":
         rate, ratio = descriptor.widest_ceiling(model.descriptor, stored[name])
         if max(ratio, 1 / ratio) >= FAR_CEILINGS:

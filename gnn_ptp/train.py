@@ -306,7 +306,9 @@ def train(cfg: TrainConfig, data_dir: str | Path, out: str | Path | None, logger
             "hardware": hardware, "trace_target": dataset.trace_target(hardware),
             "data_dir": str(data_dir), "created": now_utc(), "torch": torch.__version__,
             "torch_geometric": torch_geometric.__version__, "train_ranges": train_ranges(parts["train"]),
-            **({"hardware_descriptor": model.descriptor.to_dict()} if model.descriptor is not None else {}),
+            **({"hardware_descriptor": model.descriptor.to_dict(),
+                "hardware_kinds": sorted({s.hardware_name for s in parts["train"] + parts["val"]})}
+               if model.descriptor is not None else {}),
             **({"prior_calibration": over_prior} if over_prior else {}),
             **summary,
         }

@@ -199,3 +199,69 @@ def test_stored_ridge_gives_the_same_report_from_the_split_alone(trained, tmp_pa
     for name in ("graph_totals_ridge", "roofline", "precision_unaware"):
         assert with_stored["baselines"][name]["overall"] == pytest.approx(without["baselines"][name]["overall"])
     assert with_stored["overall"] == without["overall"]
+
+
+def test_a_residual_checkpoint_prices_another_cpu_kind_over_its_training_prior_moved(tmp_path, monkeypatch):
+    """``evaluate --data`` another CPU kind's folder with a residual checkpoint (SYNTHETIC dataset, trained on
+    the reference kind): that kind's steps are priced over the training kind's prior moved to it
+    (``MovedPrior``), not over the kind's own calibrated section, as ``predict --cpu-kind`` and the hardware
+    protocol do; the training kind's own steps are not moved; the report says which; the checkpoint names the
+    kinds it was trained on (``hardware_kinds``)."""
+    import copy
+
+    from gnn_ptp import descriptor, prior
+    from gnn_ptp.model import ModelConfig
+    from gnn_ptp.train import TrainConfig, train
+
+    from test_descriptor import synthetic_cpu
+
+    folder = tmp_path / "descriptors"
+    folder.mkdir()
+    shutil.copy(descriptor.DESCRIPTOR_DIR / "amd-epyc.json", folder / "amd-epyc.json")
+    descriptor.write(synthetic_cpu(0.5, "synthetic-half-cpu"), folder)
+    monkeypatch.setattr(descriptor, "DESCRIPTOR_DIR", folder)
+    table = copy.deepcopy(prior.calibration())  # the other kind has a section of its own (unlike it, not 2x)
+    own = copy.deepcopy(table["cpu"])
+    own["cpu_model"], own["launch_floor_s"] = "Synthetic Half CPU", table["cpu"]["launch_floor_s"] * 3
+    table["cpu-synthetic-half-cpu"] = own
+    monkeypatch.setattr(prior, "calibration", lambda: table)
+    made = write_synthetic_dataset(tmp_path / "synthetic")
+    home, other = tmp_path / "synthetic-amd-epyc", tmp_path / "synthetic-half"
+    for folder, env in ((home, {"cpu_model": "AMD EPYC"}), (other, {"cpu_kind": "Synthetic Half CPU"})):
+        folder.mkdir()
+        with open(made / "synthetic.jsonl") as src, open(folder / "synthetic.jsonl", "w") as dst:
+            for line in src:
+                dst.write(json.dumps({**json.loads(line), "env": {"hardware": "cpu", **env}}) + "\n")
+    cfg = TrainConfig(model=ModelConfig(hidden=16, depth=1, target="log_ratio_prior", hardware_descriptor=True),
+                      epochs=2, threads=1)
+    train(cfg, home, tmp_path / "ckpt", log=lambda m: None)
+    assert json.loads((tmp_path / "ckpt" / "meta.json").read_text())["hardware_kinds"] == ["amd-epyc"]
+
+    attached = []
+    real_attach = descriptor.attach
+    monkeypatch.setattr(descriptor, "attach", lambda samples, ds: (attached.append(list(ds)), real_attach(samples, ds)))
+    logs = []
+    r = evaluate(tmp_path / "ckpt", other, log=logs.append)
+    assert r["prior_moved"] == {"kinds": ["synthetic-half-cpu"], "from": "amd-epyc", "mode": descriptor.CPU_TRANSFER}
+    (ds,) = attached
+    assert ds and all(isinstance(d, descriptor.MovedPrior) and d.source.name == "amd-epyc"
+                      and d.target.name == "synthetic-half-cpu" for d in ds)
+    assert "priced over the prior of amd-epyc" in format_table(r) and any("moved" in m for m in logs)
+    attached.clear()
+    r = evaluate(tmp_path / "ckpt", home, log=logs.append)
+    assert "prior_moved" not in r and not any(isinstance(d, descriptor.MovedPrior) for d in attached[0])
+
+
+def test_residual_prior_for_moves_only_a_cpu_kind_the_checkpoint_was_not_trained_on():
+    from gnn_ptp import descriptor
+
+    from test_descriptor import synthetic_cpu
+
+    home, other = descriptor.stored_cpus()["amd-epyc"], synthetic_cpu(0.5, "synthetic-half-cpu")
+    assert descriptor.residual_prior_for(home, home) is home
+    moved = descriptor.residual_prior_for(home, other)
+    assert isinstance(moved, descriptor.MovedPrior) and moved.source is home and moved.target is other
+    assert descriptor.residual_prior_for(home, other, ["amd-epyc", "synthetic-half-cpu"]) is other  # trained on it
+    assert descriptor.residual_prior_for(None, other) is other
+    h200 = descriptor.GPU_DESCRIPTORS["h200"]
+    assert descriptor.residual_prior_for(home, h200) is h200 and descriptor.residual_prior_for(h200, other) is other
