@@ -403,3 +403,34 @@ def test_a_failing_profiler_costs_the_profile_not_the_measurement(grid, out, mon
     failed = [r for r in rows if "profile_failed" in r["flags"]]
     assert len(failed) == 2 and len(calls) == 2  # after two failures the harvest stops asking
     assert "CUPTI_ERROR" in failed[0]["profile_error"] and not any(r.get("profile") for r in rows)
+
+
+def test_profiling_overhead_benchmark_reads_back_to_back_slices(tmp_path):
+    """benchmarks/profiling_overhead.py on SYNTHETIC slices: the profiled slices' steps are 1.1x the
+    unprofiled ones', which it reports as the effect; a folder without records is one line, exit 2."""
+    import subprocess
+    import sys
+
+    def write(folder, factor, profiled):
+        folder.mkdir()
+        with open(folder / "cpu.jsonl", "w") as f:
+            for i in range(12):
+                rec = {"key": f"k{i}", "status": "ok", "config": {"precision": ["fp32", "bf16"][i % 2]},
+                       "timing": {"step_ms": {"median": (10 + i) * factor}}, "synthetic": True}
+                if profiled:
+                    rec["profile"] = {"file": "profiles/x.jsonl.gz"}
+                f.write(json.dumps(rec) + "\n")
+
+    for name, factor, profiled in (("n1", 1.0, False), ("p1", 1.1, True), ("n2", 1.0, False), ("p2", 1.1, True)):
+        write(tmp_path / name, factor, profiled)
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "profiling_overhead.py"
+    run = subprocess.run([sys.executable, str(script), "--unprofiled", str(tmp_path / "n1"), str(tmp_path / "n2"),
+                          "--profiled", str(tmp_path / "p1"), str(tmp_path / "p2")], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert "12 configurations in every slice" in run.stdout and "all1 12, all2 12" in run.stdout
+    assert "profiled / unprofiled (geometric means of the slices, per configuration): median 1.100" in run.stdout
+    assert "none2 / none1: median 1.000" in run.stdout
+    (tmp_path / "empty").mkdir()
+    bad = subprocess.run([sys.executable, str(script), "--unprofiled", str(tmp_path / "empty"),
+                          "--profiled", str(tmp_path / "nowhere")], capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "nowhere" in bad.stderr
