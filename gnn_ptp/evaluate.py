@@ -49,7 +49,7 @@ def evaluate(checkpoint_dir: str | Path, data_dir: str | Path, split: str = "tes
     else:
         wanted = measured
     samples = dataset.make_samples(wanted, dataset.load_graphs(data_dir, wanted, True, log=log))
-    moved_from = None
+    moved_from, kind_of = None, {}
     if model.cfg.needs_hardware:  # each record's own hardware, not the checkpoint's default
         from functools import partial
 
@@ -59,8 +59,8 @@ def evaluate(checkpoint_dir: str | Path, data_dir: str | Path, split: str = "tes
         if model.cfg.target == "log_ratio_prior":  # a CPU kind it was not trained on: its training prior, moved
             over = partial(descriptor.residual_prior_for, model.descriptor,
                            trained_kinds=meta.get("hardware_kinds") or ())
-        moved = {d.name for d in descriptor.attach_measured(samples, wanted, over)
-                 if isinstance(d, descriptor.MovedPrior)}
+        kind_of = {s.key: d for s, d in zip(samples, descriptor.attach_measured(samples, wanted, over))}
+        moved = {d.name for d in kind_of.values() if isinstance(d, descriptor.MovedPrior)}
         if moved:
             moved_from = {"kinds": sorted(moved), "from": model.descriptor.name, "mode": descriptor.CPU_TRANSFER}
             log(f"priced over the prior of {model.descriptor.name}, the kind the checkpoint was trained on, moved "
@@ -92,7 +92,16 @@ def evaluate(checkpoint_dir: str | Path, data_dir: str | Path, split: str = "tes
 
     predictions = {"gnn": p["pred_ms"][:, 3]}
     hw = get_hardware(meta["hardware"])
-    predictions["roofline"] = np.array([baselines.roofline_ms(s, hw)[3] for s in chosen])
+    others = sorted({kind_of[s.key].name for s in chosen if s.key in kind_of} - {model.descriptor.name}) \
+        if kind_of and model.descriptor is not None else []
+    if others:  # records of another kind: the prior as this checkpoint sees that kind, not the training kind's
+        from gnn_ptp import prior as prior_mod
+
+        profiles = {d.name: d.profile() for d in {kind_of[s.key].name: kind_of[s.key] for s in chosen}.values()}
+        predictions["roofline"] = np.array([prior_mod.phase_ms(s, profiles[kind_of[s.key].name])[3] for s in chosen])
+        result["roofline_hardware"] = others
+    else:
+        predictions["roofline"] = np.array([baselines.roofline_ms(s, hw)[3] for s in chosen])
     if ridge is None and parts["train"] and parts["val"]:
         ridge = baselines.GraphTotalsRidge().fit(parts["train"], parts["val"])
     if ridge is not None:
@@ -174,6 +183,9 @@ def format_table(r: dict) -> str:
         m = r["prior_moved"]
         lines.append(f"gnn priced over the prior of {m['from']} (the kind it was trained on) moved to "
                      f"{', '.join(m['kinds'])} ({m['mode']})")
+    if r.get("roofline_hardware"):
+        lines.append(f"roofline: that prior, as the gnn sees {', '.join(r['roofline_hardware'])}; the ridge is "
+                     "fitted to this folder's own training families")
     lines += ["", f"{'step time':<26}{'MAPE':>8}{'median':>8}{'p90':>8}{'n':>6}"]
     for n in names:
         o = rows[n]["overall"]

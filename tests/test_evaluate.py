@@ -247,9 +247,13 @@ def test_a_residual_checkpoint_prices_another_cpu_kind_over_its_training_prior_m
     assert ds and all(isinstance(d, descriptor.MovedPrior) and d.source.name == "amd-epyc"
                       and d.target.name == "synthetic-half-cpu" for d in ds)
     assert "priced over the prior of amd-epyc" in format_table(r) and any("moved" in m for m in logs)
+    # its roofline row is that moved prior (half the rates: twice the time), not the training kind's
+    assert r["roofline_hardware"] == ["synthetic-half-cpu"] and "roofline: that prior" in format_table(r)
     attached.clear()
-    r = evaluate(tmp_path / "ckpt", home, log=logs.append)
-    assert "prior_moved" not in r and not any(isinstance(d, descriptor.MovedPrior) for d in attached[0])
+    mine = evaluate(tmp_path / "ckpt", home, log=logs.append)
+    assert "prior_moved" not in mine and not any(isinstance(d, descriptor.MovedPrior) for d in attached[0])
+    assert "roofline_hardware" not in mine
+    assert r["baselines"]["roofline"]["overall"]["mape"] != pytest.approx(mine["baselines"]["roofline"]["overall"]["mape"])
 
 
 def test_residual_prior_for_moves_only_a_cpu_kind_the_checkpoint_was_not_trained_on():
