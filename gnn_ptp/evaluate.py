@@ -97,13 +97,17 @@ def evaluate(checkpoint_dir: str | Path, data_dir: str | Path, split: str = "tes
     if others:  # records of another kind: the prior as this checkpoint sees that kind, not the training kind's
         from gnn_ptp import prior as prior_mod
 
-        profiles = {d.name: d.profile() for d in {kind_of[s.key].name: kind_of[s.key] for s in chosen}.values()}
+        profiles = {}
+        for s in chosen:
+            if kind_of[s.key].name not in profiles:
+                profiles[kind_of[s.key].name] = kind_of[s.key].profile()
         predictions["roofline"] = np.array([prior_mod.phase_ms(s, profiles[kind_of[s.key].name])[3] for s in chosen])
         result["roofline_hardware"] = others
     else:
         predictions["roofline"] = np.array([baselines.roofline_ms(s, hw)[3] for s in chosen])
-    if ridge is None and parts["train"] and parts["val"]:
+    if ridge is None and parts["train"] and parts["val"]:  # not this checkpoint's: fitted to this folder
         ridge = baselines.GraphTotalsRidge().fit(parts["train"], parts["val"])
+        result["ridge_fitted_here"] = True
     if ridge is not None:
         predictions["graph_totals_ridge"] = ridge.predict_ms(chosen)[:, 3]
     unaware_dir = Path(checkpoint_dir) / BASELINE_DIR / "precision_unaware"
@@ -184,8 +188,9 @@ def format_table(r: dict) -> str:
         lines.append(f"gnn priced over the prior of {m['from']} (the kind it was trained on) moved to "
                      f"{', '.join(m['kinds'])} ({m['mode']})")
     if r.get("roofline_hardware"):
-        lines.append(f"roofline: that prior, as the gnn sees {', '.join(r['roofline_hardware'])}; the ridge is "
-                     "fitted to this folder's own training families")
+        lines.append(f"roofline: the prior as the gnn sees {', '.join(r['roofline_hardware'])}"
+                     + ("; the ridge is fitted to this folder's own training families" if r.get("ridge_fitted_here")
+                        else ""))
     lines += ["", f"{'step time':<26}{'MAPE':>8}{'median':>8}{'p90':>8}{'n':>6}"]
     for n in names:
         o = rows[n]["overall"]

@@ -248,7 +248,7 @@ def test_a_residual_checkpoint_prices_another_cpu_kind_over_its_training_prior_m
                       and d.target.name == "synthetic-half-cpu" for d in ds)
     assert "priced over the prior of amd-epyc" in format_table(r) and any("moved" in m for m in logs)
     # its roofline row is that moved prior (half the rates: twice the time), not the training kind's
-    assert r["roofline_hardware"] == ["synthetic-half-cpu"] and "roofline: that prior" in format_table(r)
+    assert r["roofline_hardware"] == ["synthetic-half-cpu"] and "roofline: the prior as the gnn sees" in format_table(r)
     attached.clear()
     mine = evaluate(tmp_path / "ckpt", home, log=logs.append)
     assert "prior_moved" not in mine and not any(isinstance(d, descriptor.MovedPrior) for d in attached[0])
