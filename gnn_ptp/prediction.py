@@ -648,7 +648,7 @@ def _for_cpu_kind(model, meta: dict, ckpt_path, cpu_kind: str):
         rate, ratio = descriptor.widest_ceiling(model.descriptor, stored[name])
         if max(ratio, 1 / ratio) >= FAR_CEILINGS:
             note += (f"; its {rate} rate is {ratio:.2g}x the training CPU's: trained on one CPU kind and tested on "
-                     "another this far from it, the residual GNN was 17-22 % off in the hardware protocol "
+                     "another this far from it, the residual GNN was 16-26 % off in the hardware protocol "
                      "(14-19 % between the two nearer AMD kinds; README *Protocol*): a profiled harvest pass "
                      "on this CPU does better")
     return chosen, note
@@ -660,7 +660,8 @@ gets a warning with its ``predict --cpu-kind`` answer. Set between the gaps meas
 kinds (2026-11-25): the two AMD kinds are 2.47x apart at most (bf16 GEMM), the Intel kind 2.9x and 7.2x
 from them. Moved by the ceilings (the form before 2026-11-26) the prior was 32-226 % off between the far
 kinds; split (the default since), the residual GNN 17.4-21.6 % between them, 14.3-19.3 % between the AMD
-kinds (README *Protocol*)."""
+kinds (README *Protocol*); 16.5-25.6 % between them against the Intel kind's five-pass labels (2026-11-26,
+fifteenth session)."""
 
 
 def _model_for(hardware: str, checkpoint: str | Path | None, analytic: bool = False):
