@@ -445,6 +445,14 @@ _by_name: dict[str, Descriptor] = {}
 """Descriptors ``attach`` has seen, by name (for ``of_samples``)."""
 
 
+def priced_step_ms(sample) -> float:
+    """The step time in ms of the prior ``attach`` gave a sample (its nodes' shares of the launch queue,
+    ``prior_log_ms``, summed): ``prior.phase_ms``'s whole step under that profile, without pricing again."""
+    from gnn_ptp.model import N_PHASES, scatter_logsumexp
+
+    return float(torch.exp(scatter_logsumexp(sample.prior_log_ms.double(), sample.phase, N_PHASES)).sum())
+
+
 def mean_log_ratio(samples: list) -> float:
     """Mean log(measured / prior) phase time over samples and their non-empty phases: where a model that
     predicts the log-ratio to the prior starts."""

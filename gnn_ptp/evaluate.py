@@ -92,16 +92,12 @@ def evaluate(checkpoint_dir: str | Path, data_dir: str | Path, split: str = "tes
 
     predictions = {"gnn": p["pred_ms"][:, 3]}
     hw = get_hardware(meta["hardware"])
-    others = sorted({kind_of[s.key].name for s in chosen if s.key in kind_of} - {model.descriptor.name}) \
-        if kind_of and model.descriptor is not None else []
-    if others:  # records of another kind: the prior as this checkpoint sees that kind, not the training kind's
-        from gnn_ptp import prior as prior_mod
+    others = (sorted({kind_of[s.key].name for s in chosen} - {model.descriptor.name})
+              if kind_of and model.descriptor is not None else [])
+    if others:  # records of another kind: the prior as this checkpoint sees that kind (attached above)
+        from gnn_ptp import descriptor
 
-        profiles = {}
-        for s in chosen:
-            if kind_of[s.key].name not in profiles:
-                profiles[kind_of[s.key].name] = kind_of[s.key].profile()
-        predictions["roofline"] = np.array([prior_mod.phase_ms(s, profiles[kind_of[s.key].name])[3] for s in chosen])
+        predictions["roofline"] = np.array([descriptor.priced_step_ms(s) for s in chosen])
         result["roofline_hardware"] = others
     else:
         predictions["roofline"] = np.array([baselines.roofline_ms(s, hw)[3] for s in chosen])
