@@ -180,6 +180,14 @@ class Profile:
     time at this kind's and divides the rest by that ratio (``split_moved_seconds``). None: the curves
     apply to this profile's rates directly."""
 
+    conv_intensity: str = "tensor"
+    """The arithmetic intensity a dense convolution's GEMM curve ramps with: "tensor" (FLOPs over the bytes
+    of its input, weight and output tensors, as for every other kernel) or "gemm" (``conv_gemm_intensity``:
+    FLOPs over the bytes of the implicit GEMM cuDNN runs it as, its im2col operand counted in full), where
+    fitted so. By tensor bytes a 3x3 convolution's intensity is nine times a 1x1's of the same channels,
+    though both run as GEMMs of similar shape: on the H200's fit by tensor bytes, 1x1 convolutions priced
+    3.6x their measured time and 7x7 ones 0.5x (README, *The H200 dataset*)."""
+
     @property
     def serial(self) -> bool:
         """A CPU: the thread that issues a kernel runs it, so a phase with host costs is their plain sum,
@@ -291,6 +299,50 @@ def depthwise_shapes(x: torch.Tensor, x_cat: torch.Tensor) -> torch.Tensor:
     return out
 
 
+_ELEMENT_BYTES = {"fp32": 4.0, "tf32": 4.0, "fp16": 2.0, "bf16": 2.0, "fp64": 8.0, "fp8": 1.0}
+
+
+def conv_gemm_intensity(x: torch.Tensor, x_cat: torch.Tensor) -> torch.Tensor:
+    """Per node (float64 [N]) a dense convolution's arithmetic intensity as the implicit GEMM it runs as,
+    ``2 M K C / (bytes per element x (M K + K C + M C))`` with M its output positions (batch x height x
+    width), C its output channels and K its reduction depth (input channels x kernel taps, ``grouped_conv``'s
+    depth); NaN for every other node (not a convolution, a grouped one, or one whose shape does not say).
+    A forward node's C and M come from its output, a fused backward node's from its incoming gradient (the
+    first input; its FLOPs are twice a forward's: input and weight gradients, GEMMs of the same three
+    sides)."""
+    out = torch.full((x.shape[0],), float("nan"), dtype=torch.float64)
+    conv = (x_cat[:, 1] == CONV_CATEGORY) & ~grouped_conv(x, x_cat)
+    if not bool(conv.any()):
+        return out
+    xs, backward = x[conv], x_cat[conv, 3] == BACKWARD_PHASE
+    flops = _unlog(xs[:, 0])
+    dims = torch.where(backward.unsqueeze(1), _dims(xs[:, 8:12]), _dims(xs[:, 4:8]))
+    ndim = (dims > 0).sum(1)
+    channels = dims.gather(1, (4 - ndim.clamp(2, 4) + 1).unsqueeze(1)).squeeze(1)  # dim 1, right-aligned
+    elements = dims.clamp_min(1).prod(1)
+    positions = elements / channels.clamp_min(1)
+    depth = flops / (torch.where(backward, 4.0, 2.0) * elements)
+    element = torch.tensor([_ELEMENT_BYTES.get(ops.DTYPES[d], 4.0) for d in x_cat[conv, 2].tolist()],
+                           dtype=torch.float64)
+    gemm = 2.0 * positions * depth * channels / (element * (positions * depth + depth * channels
+                                                            + positions * channels))
+    ok = (ndim >= 3) & (channels > 0) & (depth >= 1)
+    out[conv] = torch.where(ok, gemm, torch.full_like(gemm, float("nan")))
+    return out
+
+
+def kernel_intensity(x: torch.Tensor, x_cat: torch.Tensor, flops: torch.Tensor, moved: torch.Tensor,
+                     profile: "Profile") -> torch.Tensor:
+    """Per node the arithmetic intensity its curve ramps with: FLOPs per byte moved, or for a dense
+    convolution on a profile fitted so (``Profile.conv_intensity == "gemm"``) its implicit GEMM's
+    (``conv_gemm_intensity``)."""
+    intensity = flops / (moved + 1.0)
+    if profile.conv_intensity == "gemm":
+        gemm = conv_gemm_intensity(x, x_cat)
+        intensity = torch.where(torch.isnan(gemm), intensity, gemm)
+    return intensity
+
+
 @lru_cache(maxsize=1)
 def calibration() -> dict:
     """The fitted curves per hardware (``prior_calibration.json``); {} where the file is absent."""
@@ -301,7 +353,7 @@ def calibration() -> dict:
 
 PREDICTIVE_KEYS = ("gemm", "vector", "memory", "launch_floor_s", "host_issue_s", "host_fixed_s")
 OPTIONAL_PREDICTIVE_KEYS = ("vector_fraction", "memory_fraction", "memory_half_size", "streaming",
-                            "fresh_threshold_bytes", "fresh_s_per_byte", "depthwise")
+                            "fresh_threshold_bytes", "fresh_s_per_byte", "depthwise", "conv_intensity")
 """Predictive keys a section may lack; the digest covers them only where present, so that a section
 written before they existed keeps its digest (and the checkpoints trained over it stay valid)."""
 
@@ -335,7 +387,7 @@ def profile_from_dict(hw: Hardware, d: dict) -> Profile:
                    tuple(d.get("streaming", ())),
                    float(d["fresh_threshold_bytes"]) if d.get("fresh_threshold_bytes") is not None else None,
                    float(d.get("fresh_s_per_byte", 0.0)),
-                   borrowed_depthwise(hw, d))
+                   borrowed_depthwise(hw, d), conv_intensity=d.get("conv_intensity", "tensor"))
 
 
 def borrowed_depthwise(hw: Hardware, d: dict) -> dict[str, tuple[float, ...]]:
@@ -395,7 +447,7 @@ def _kernel_seconds(x: torch.Tensor, x_cat: torch.Tensor, profile: Profile,
     hw = profile.hardware
     flops = _unlog(x[:, 0])
     moved = _unlog(x[:, 1]) + _unlog(x[:, 2])
-    intensity = flops / (moved + 1.0)
+    intensity = kernel_intensity(x, x_cat, flops, moved, profile)
     category, dtype = x_cat[:, 1], x_cat[:, 2]
     gemm = torch.zeros_like(category, dtype=torch.bool)
     for c in GEMM_CATEGORIES:

@@ -73,6 +73,9 @@ class KernelRows:
     depthwise: torch.Tensor | None = None
     """Per row, a depthwise-like convolution's shape ([R, 4], ``prior.depthwise_shapes``; NaN for other
     rows; None: unknown, none)."""
+    conv_gemm: torch.Tensor | None = None
+    """Per row, a dense convolution's implicit-GEMM intensity (``prior.conv_gemm_intensity``; NaN for other
+    rows; None: unknown, none)."""
 
     def __len__(self) -> int:
         return int(self.seconds.numel())
@@ -102,7 +105,7 @@ def kernel_rows(samples: list, node_seconds: dict[str, list[torch.Tensor]]) -> K
     """Rows of every node with a measured device time > 0 (``node_seconds``: per configuration key, one
     tensor of per-node seconds per profile, NaN where unmatched; profiles of a configuration averaged)."""
     parts = {k: [] for k in ("flops", "moved", "dtype", "gemm", "tc", "cat", "family", "s", "draw", "bwd", "fresh",
-                                 "grouped", "depthwise")}
+                                 "grouped", "depthwise", "conv_gemm")}
     gemm_ids = torch.tensor([ops.CATEGORIES.index(c) for c in ops.TENSOR_CORE_CATEGORIES])
     for s in samples:
         per_profile = node_seconds.get(s.key)
@@ -127,6 +130,7 @@ def kernel_rows(samples: list, node_seconds: dict[str, list[torch.Tensor]]) -> K
         parts["bwd"].append(x_cat[:, 3] == prior.BACKWARD_PHASE)
         parts["grouped"].append(prior.grouped_conv(x, x_cat))
         parts["depthwise"].append(prior.depthwise_shapes(x, x_cat))
+        parts["conv_gemm"].append(prior.conv_gemm_intensity(x, x_cat))
         fresh = getattr(s, "fresh_bytes", None)
         parts["fresh"].append(fresh[keep].double() if fresh is not None else torch.zeros(int(keep.sum()), 2,
                                                                                           dtype=torch.float64))
@@ -135,7 +139,8 @@ def kernel_rows(samples: list, node_seconds: dict[str, list[torch.Tensor]]) -> K
     return KernelRows(torch.cat(parts["flops"]), torch.cat(parts["moved"]), parts["dtype"],
                       torch.cat(parts["gemm"]), torch.cat(parts["tc"]), parts["cat"], parts["family"],
                       torch.cat(parts["s"]), torch.cat(parts["draw"]), torch.cat(parts["bwd"]),
-                      torch.cat(parts["fresh"]), torch.cat(parts["grouped"]), torch.cat(parts["depthwise"]))
+                      torch.cat(parts["fresh"]), torch.cat(parts["grouped"]), torch.cat(parts["depthwise"]),
+                      torch.cat(parts["conv_gemm"]))
 
 
 def row_draws(key: str, n: int) -> torch.Tensor:
@@ -164,8 +169,13 @@ def _curve_t(p: torch.Tensor, size: torch.Tensor, intensity: torch.Tensor | None
     return out
 
 
-def _intensity(rows: KernelRows) -> torch.Tensor:
-    return rows.flops / (rows.moved + 1.0)  # as prior.node_seconds computes it
+def _intensity(rows: KernelRows, conv_intensity: str = "tensor") -> torch.Tensor:
+    """As ``prior.kernel_intensity`` computes it: FLOPs per byte moved, or a dense convolution's
+    implicit-GEMM intensity with ``conv_intensity="gemm"``."""
+    intensity = rows.flops / (rows.moved + 1.0)
+    if conv_intensity == "gemm" and rows.conv_gemm is not None:
+        intensity = torch.where(torch.isnan(rows.conv_gemm), intensity, rows.conv_gemm)
+    return intensity
 
 
 def _groups(rows: KernelRows, by_category: bool = True, vector_by_category: bool = False,
@@ -271,9 +281,9 @@ def _memory_params(params: dict, name: str) -> torch.Tensor:
 
 
 def _device_seconds(params: dict, rows: KernelRows, hw: Hardware, masks: dict, rates: torch.Tensor,
-                    memory_masks: dict | None = None):
+                    memory_masks: dict | None = None, conv_intensity: str = "tensor"):
     compute = torch.zeros_like(rows.seconds)
-    intensity = _intensity(rows)
+    intensity = _intensity(rows, conv_intensity)
     bounded = hw.kind != "cpu"  # a CPU's curves may pass its quoted peaks
     for name, m in masks.items():
         eff = _curve_t(_vector_params(params, name), rows.flops[m], intensity[m], bounded)
@@ -307,7 +317,8 @@ curve the pooled one, which the categories without a fraction of their own use."
 def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: bool = True,
                intensity: bool = True, vector_by_category: bool = True, memory_by_category: bool = True,
                streaming: tuple[str, ...] | None = None, backward_curves: bool = False,
-               fresh: dict | None = None, grouped_conv: bool = False, depthwise: bool = False) -> dict:
+               fresh: dict | None = None, grouped_conv: bool = False, depthwise: bool = False,
+               conv_intensity: str = "tensor") -> dict:
     """Curves (``prior.Curve`` dicts) for GEMM-like kernels per category and dtype (``by_category``; else
     per dtype), other compute ("vector"), memory traffic, and the device floor in seconds, fitted to
     ``rows``. With ``intensity`` the compute curves also ramp with arithmetic intensity; with
@@ -329,7 +340,8 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
     ones), so it is off by default (README, *The CPU prior*). With ``depthwise`` each (direction, dtype) with
     at least ``MIN_GROUP_ROWS`` depthwise-like convolutions (``prior.depthwise_shapes``) gets a power law in
     their shape (``fit_depthwise``, ``prior.Profile.depthwise``) and the curves are fitted to the other
-    rows."""
+    rows. ``conv_intensity="gemm"`` ramps a dense convolution's curve with its implicit GEMM's intensity
+    (``prior.Profile.conv_intensity``)."""
     law, rows = _depthwise_apart(rows, fresh) if depthwise else ({}, rows)
     if streaming is None:
         streaming = STREAMING if memory_by_category and hw.kind != "cpu" else ()
@@ -366,7 +378,7 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
     faults = None if not fresh else prior.fresh_seconds(rows.fresh, fresh["threshold_bytes"], fresh["s_per_byte"])
     for _ in range(steps):
         opt.zero_grad()
-        pred = _device_seconds(params, rows, hw, masks, rates, memory_masks)
+        pred = _device_seconds(params, rows, hw, masks, rates, memory_masks, conv_intensity)
         if faults is not None:
             pred = pred + faults
         loss = (weight * (torch.log(pred) - target) ** 2).sum()
@@ -399,6 +411,8 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
             out["streaming"] = sorted(streaming)
         if law:
             out["depthwise"] = law
+        if conv_intensity != "tensor":
+            out["conv_intensity"] = conv_intensity
         if fresh:
             out["fresh"] = {"threshold_bytes": float(fresh["threshold_bytes"]), "s_per_byte": float(fresh["s_per_byte"])}
     return out
@@ -448,6 +462,8 @@ def device_profile(hw: Hardware, fitted: dict, host_s=None, fixed_s=None) -> pri
          "memory_fraction": fitted.get("memory_fraction", {}),
          "memory_half_size": fitted.get("memory_half_size", {}), "streaming": fitted.get("streaming", []),
          "depthwise": fitted.get("depthwise", {})}
+    if fitted.get("conv_intensity"):
+        d["conv_intensity"] = fitted["conv_intensity"]
     if fitted.get("fresh"):
         d["fresh_threshold_bytes"] = fitted["fresh"]["threshold_bytes"]
         d["fresh_s_per_byte"] = fitted["fresh"]["s_per_byte"]
@@ -478,7 +494,7 @@ def _prior_seconds(rows: KernelRows, profile: prior.Profile) -> torch.Tensor:
     hw = profile.hardware
     rates = _rates(rows, hw)
     eff = torch.empty_like(rows.seconds)
-    intensity = _intensity(rows)
+    intensity = _intensity(rows, profile.conv_intensity)
     for name, m in _masks(_groups(rows, vector_by_category=True, backward_curves=True,
                                   grouped_conv=True)).items():
         category = _vector_category(name)
@@ -627,7 +643,7 @@ def take(rows: KernelRows, keep: torch.Tensor) -> KernelRows:
     return KernelRows(rows.flops[keep], rows.moved[keep], [rows.dtype[i] for i in pick], rows.gemm[keep],
                       rows.tensor_core[keep], [rows.category[i] for i in pick], [rows.family[i] for i in pick],
                       rows.seconds[keep], part(rows.draw), part(rows.backward), part(rows.fresh),
-                      part(rows.grouped), part(rows.depthwise))
+                      part(rows.grouped), part(rows.depthwise), part(rows.conv_gemm))
 
 
 def fit(samples: list, node_seconds: dict, hw: Hardware, max_rows: int | None = None, **device_kw):

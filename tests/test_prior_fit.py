@@ -683,3 +683,74 @@ def test_a_backward_curve_with_few_kernels_is_fitted_as_its_forward_s():
     assert prior_fit._fallback("conv_backward:bf16", counts) == "conv:bf16"
     assert prior_fit._fallback("attention_backward:fp32", counts) == "fp32"
     assert prior_fit._fallback("matmul:bf16", counts) == "bf16"
+
+
+def test_dense_convolutions_can_ramp_with_their_implicit_gemm_intensity():
+    """``prior.conv_gemm_intensity`` reads a traced dense convolution's implicit GEMM (M output positions,
+    K = input channels x taps, C output channels) from its features alone, NaN for other nodes and grouped
+    convolutions; on SYNTHETIC convolutions whose time ramps with that intensity (1x1, 3x3 and 7x7 ones,
+    whose tensor-byte intensities differ by their taps), a fit with ``conv_intensity="gemm"`` recovers
+    them and one by tensor bytes does not; the profile carries the choice, and ``prior.node_seconds``
+    prices a traced convolution by it."""
+    from conftest import py_spec
+    from gnn_ptp import graph
+    from gnn_ptp.spec import Shape
+    from gnn_ptp.trace import StepConfig, trace_step
+
+    def traced(groups=1, precision="fp32"):
+        step = trace_step(StepConfig(py_spec("conv2", c1=32, c2=64, groups=groups), Shape(4, None, 16), precision))
+        tensors, _ = graph.to_tensors(step)
+        return tensors["x"], tensors["x_cat"], torch.nonzero(tensors["x_cat"][:, 1] == ops.CATEGORIES.index("conv")).flatten()
+
+    def gemm(m, k, c, element):
+        return 2 * m * k * c / (element * (m * k + k * c + m * c))
+
+    x, x_cat, conv = traced()
+    read = prior.conv_gemm_intensity(x, x_cat)
+    assert x_cat[conv, 3].tolist() == [0, 0, 1, 1]  # forward 1, forward 2, backward 2, backward 1
+    m = 4 * 16 * 16  # batch x height x width of both convolutions' outputs
+    assert read[conv[0]].item() == pytest.approx(gemm(m, 3 * 9, 32, 4), rel=1e-6)
+    assert read[conv[1]].item() == pytest.approx(gemm(m, 32 * 9, 64, 4), rel=1e-6)
+    assert read[conv[2]].item() == pytest.approx(read[conv[1]].item(), rel=1e-6)  # its backward: the same sides
+    others = torch.ones(x.shape[0], dtype=torch.bool)
+    others[conv] = False
+    assert torch.isnan(read[others]).all()
+    xb, xb_cat, convb = traced(precision="bf16")
+    assert prior.conv_gemm_intensity(xb, xb_cat)[convb[1]].item() == pytest.approx(gemm(m, 32 * 9, 64, 2), rel=1e-6)
+    xg, xg_cat, convg = traced(groups=32)  # depthwise second convolution: not a dense GEMM
+    assert torch.isnan(prior.conv_gemm_intensity(xg, xg_cat)[convg[1:3]]).all()
+
+    # SYNTHETIC kernels: bf16 convolutions at 0.7 of the tensor-core peak, ramped by their GEMM intensity
+    g = torch.Generator().manual_seed(5)
+    n = 3000
+    positions = 2.0 ** torch.randint(12, 19, (n,), generator=g).double()  # kernels of 0.5 us and more
+    cin = 2.0 ** torch.randint(6, 11, (n,), generator=g).double()
+    cout = 2.0 ** torch.randint(6, 11, (n,), generator=g).double()
+    taps = torch.tensor([1.0, 9.0, 49.0], dtype=torch.float64)[torch.randint(0, 3, (n,), generator=g)]
+    k = cin * taps
+    flops = 2 * positions * k * cout
+    moved = 2.0 * (positions * cin + k * cout + positions * cout)  # the tensors' bytes: the input once
+    intensity = gemm(positions, k, cout, 2.0)
+    rate = H200.flops_rate("bf16", True, gemm=True)
+    true_curve = prior.Curve(0.7, 1e3, 1.0, intensity_half=150.0, intensity_slope=1.5)
+    noise = torch.exp(0.05 * torch.randn(n, generator=g, dtype=torch.float64))
+    seconds = flops / (rate * true_curve(flops, intensity)) * noise
+    rows = prior_fit.KernelRows(flops, moved, ["bf16"] * n, torch.ones(n, dtype=torch.bool),
+                                torch.ones(n, dtype=torch.bool), ["conv"] * n, ["synthetic"] * n, seconds,
+                                conv_gemm=intensity)
+    by_gemm = prior_fit.fit_device(rows, H200, steps=1500, conv_intensity="gemm")
+    by_tensor = prior_fit.fit_device(rows, H200, steps=1500)
+    assert by_gemm["conv_intensity"] == "gemm" and "conv_intensity" not in by_tensor
+    own, other = prior_fit.device_profile(H200, by_gemm), prior_fit.device_profile(H200, by_tensor)
+    assert own.conv_intensity == "gemm" and other.conv_intensity == "tensor"
+    assert prior_fit.kernel_errors(rows, own)["all"]["median_ape"] < 5
+    assert prior_fit.kernel_errors(rows, other)["all"]["median_ape"] > 15
+
+    # a traced convolution priced by the profile's choice of intensity
+    curve = own.gemm_curve("bf16", "conv")
+    flops_b = prior._unlog(xb[convb[1], 0])
+    expected = flops_b / (rate * curve(flops_b.reshape(1), prior.conv_gemm_intensity(xb, xb_cat)[convb[1]].reshape(1)))
+    priced = prior.node_seconds(xb, xb_cat, replace(own, launch_floor_s=0.0))[convb[1]]
+    moved_b = prior._unlog(xb[convb[1], 1]) + prior._unlog(xb[convb[1], 2])
+    memory_b = moved_b / (H200.memory_bandwidth_Bps * own.memory_curve("conv", "bf16")(moved_b.reshape(1)))
+    assert priced.item() == pytest.approx(max(expected.item(), memory_b.item()), rel=1e-6)
