@@ -435,7 +435,7 @@ def _section(hw, env: dict, source: str, summary: str, by_class: str, fitted: di
             "gemm": fitted["gemm"], "vector": fitted["vector"], "memory": fitted["memory"],
             **({"vector_fraction": fitted["vector_fraction"]} if fitted.get("vector_fraction") else {}),
             **({k: fitted[k] for k in ("memory_fraction", "memory_half_size", "streaming", "depthwise",
-                                       "conv_intensity") if fitted.get(k)}),
+                                       "conv_intensity", "channel_ramp") if fitted.get(k)}),
             **({"fresh_threshold_bytes": fitted["fresh"]["threshold_bytes"],
                 "fresh_s_per_byte": fitted["fresh"]["s_per_byte"]} if fitted.get("fresh") else {}),
             "launch_floor_s": fitted["device_floor_s"], "host_issue_s": host,
@@ -552,6 +552,10 @@ def main() -> None:
                          "it runs as (its im2col operand in full), not its tensors' bytes (prior.Profile."
                          "conv_intensity; declared and scored on the H200 in 2026-11-26's sixteenth session; "
                          "README *The H200 dataset*)")
+    ap.add_argument("--bn-channel-ramp", action="store_true",
+                    help="with --profiles: batch norms (forward, backward) get a ramp in their channels fitted with "
+                         "the curves (one thread block per channel on a GPU: prior.Profile.channel_ramp; declared "
+                         "and scored on the H200 in 2026-11-26's sixteenth session; README *The H200 dataset*)")
     ap.add_argument("--no-intensity", action="store_true",
                     help="with --profiles: curves by kernel size alone, without the arithmetic-intensity ramp")
     ap.add_argument("--neusight", type=Path, help="a checkout of github.com/sitfor/NeuSight (re-fits h100)")
@@ -579,7 +583,8 @@ def main() -> None:
               "backward_curves": args.backward_curves, "grouped_conv": args.grouped_conv,
               "depthwise": not args.no_depthwise_law, "gpu_depthwise": args.gpu_depthwise_law,
               "fresh": None if args.no_fresh else fresh_of(args.profiles),
-              **({"conv_intensity": "gemm"} if args.conv_gemm_intensity else {})}
+              **({"conv_intensity": "gemm"} if args.conv_gemm_intensity else {}),
+              **({"channel_ramp": True} if args.bn_channel_ramp else {})}
         if args.lofo_only:
             _, e = fit_profiles_lofo(args.profiles, score_only=True, **kw)
             print_lofo(e)
@@ -596,7 +601,7 @@ def main() -> None:
         table[name] = section
         shown = ("gemm", "vector", "vector_fraction", "memory", "memory_fraction", "memory_half_size", "streaming",
                  "launch_floor_s", "host_issue_s", "host_fixed_s", "fresh_threshold_bytes", "fresh_s_per_byte",
-                 "depthwise", "conv_intensity")
+                 "depthwise", "conv_intensity", "channel_ramp")
         print(f"{name}:", json.dumps({k: section[k] for k in shown if k in section}, indent=1))
         print_lofo(e) if args.lofo else print_profile_errors(e)
     if args.neusight:

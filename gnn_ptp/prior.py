@@ -188,6 +188,15 @@ class Profile:
     though both run as GEMMs of similar shape: on the H200's fit by tensor bytes, 1x1 convolutions priced
     3.6x their measured time and 7x7 ones 0.5x (README, *The H200 dataset*)."""
 
+    channel_ramp: dict[str, tuple[float, float]] = field(default_factory=dict)
+    """Where fitted so, per batch-norm op ("batch_norm", "batch_norm_backward"), (half_channels, slope): its
+    kernel time is divided by ``1 / (1 + (half_channels / channels) ** slope)``. A GPU's batch norm reduces
+    each channel in one thread block (PyTorch's ``batch_norm_collect_statistics_kernel`` and its backward
+    launch one block per channel), so with fewer channels than the GPU has multiprocessors part of it
+    idles: on the H200, by bytes alone, 16-channel batch norms priced 0.16-0.41 of their measured time and
+    256-1,024-channel ones 1.4-1.9 (README, *The H200 dataset*). Other nodes, and a profile without it,
+    are unchanged (``batch_norm_channels``)."""
+
     @property
     def serial(self) -> bool:
         """A CPU: the thread that issues a kernel runs it, so a phase with host costs is their plain sum,
@@ -299,6 +308,40 @@ def depthwise_shapes(x: torch.Tensor, x_cat: torch.Tensor) -> torch.Tensor:
     return out
 
 
+BATCH_NORM_OPS = ("batch_norm", "batch_norm_backward")
+
+
+def batch_norm_channels(x: torch.Tensor, x_cat: torch.Tensor) -> torch.Tensor:
+    """Per node (float64 [N]) a batch norm's channels (dim 1 of its first input, right-aligned in 2-4 dims:
+    the forward's input, the backward's incoming gradient), NaN for every other node."""
+    out = torch.full((x.shape[0],), float("nan"), dtype=torch.float64)
+    bn = torch.zeros(x.shape[0], dtype=torch.bool)
+    for name in BATCH_NORM_OPS:
+        bn |= x_cat[:, 0] == ops.OP_ID[name]
+    if not bool(bn.any()):
+        return out
+    dims = _dims(x[bn][:, 8:12])
+    ndim = (dims > 0).sum(1)
+    channels = dims.gather(1, (4 - ndim.clamp(2, 4) + 1).unsqueeze(1)).squeeze(1)
+    out[bn] = torch.where((ndim >= 2) & (channels > 0), channels, torch.full_like(channels, float("nan")))
+    return out
+
+
+def channel_ramp_factor(channels: torch.Tensor, backward: torch.Tensor,
+                        ramp: dict[str, tuple[float, float]]) -> torch.Tensor:
+    """Per node the factor ``Profile.channel_ramp`` multiplies a batch norm's time by, ``1 + (half /
+    channels) ** slope`` (its forward op's or backward op's ramp by ``backward``); 1 where ``channels`` is NaN
+    or the op has no ramp."""
+    out = torch.ones_like(channels, dtype=torch.float64)
+    for name, is_backward in zip(BATCH_NORM_OPS, (False, True)):
+        if name not in ramp:
+            continue
+        half, slope = ramp[name]
+        m = ~torch.isnan(channels) & (backward == is_backward)
+        out[m] = 1.0 + (half / channels[m].clamp_min(1.0)) ** slope
+    return out
+
+
 _ELEMENT_BYTES = {"fp32": 4.0, "tf32": 4.0, "fp16": 2.0, "bf16": 2.0, "fp64": 8.0, "fp8": 1.0}
 
 
@@ -353,7 +396,8 @@ def calibration() -> dict:
 
 PREDICTIVE_KEYS = ("gemm", "vector", "memory", "launch_floor_s", "host_issue_s", "host_fixed_s")
 OPTIONAL_PREDICTIVE_KEYS = ("vector_fraction", "memory_fraction", "memory_half_size", "streaming",
-                            "fresh_threshold_bytes", "fresh_s_per_byte", "depthwise", "conv_intensity")
+                            "fresh_threshold_bytes", "fresh_s_per_byte", "depthwise", "conv_intensity",
+                            "channel_ramp")
 """Predictive keys a section may lack; the digest covers them only where present, so that a section
 written before they existed keeps its digest (and the checkpoints trained over it stay valid)."""
 
@@ -387,7 +431,8 @@ def profile_from_dict(hw: Hardware, d: dict) -> Profile:
                    tuple(d.get("streaming", ())),
                    float(d["fresh_threshold_bytes"]) if d.get("fresh_threshold_bytes") is not None else None,
                    float(d.get("fresh_s_per_byte", 0.0)),
-                   borrowed_depthwise(hw, d), conv_intensity=d.get("conv_intensity", "tensor"))
+                   borrowed_depthwise(hw, d), conv_intensity=d.get("conv_intensity", "tensor"),
+                   channel_ramp={k: (float(v[0]), float(v[1])) for k, v in d.get("channel_ramp", {}).items()})
 
 
 def borrowed_depthwise(hw: Hardware, d: dict) -> dict[str, tuple[float, ...]]:
@@ -481,6 +526,9 @@ def _kernel_seconds(x: torch.Tensor, x_cat: torch.Tensor, profile: Profile,
     ideal_s = [torch.maximum(flops / peak, moved / ceiling.memory_bandwidth_Bps)
                for peak, ceiling in zip(peaks, ceilings)]
     seconds = torch.maximum(compute_s, memory_s)
+    if profile.channel_ramp:
+        seconds = seconds * channel_ramp_factor(batch_norm_channels(x, x_cat), x_cat[:, 3] == BACKWARD_PHASE,
+                                                profile.channel_ramp)
     if profile.depthwise:
         shapes = depthwise_shapes(x, x_cat)
         has = ~torch.isnan(shapes[:, 0])

@@ -76,6 +76,9 @@ class KernelRows:
     conv_gemm: torch.Tensor | None = None
     """Per row, a dense convolution's implicit-GEMM intensity (``prior.conv_gemm_intensity``; NaN for other
     rows; None: unknown, none)."""
+    bn_channels: torch.Tensor | None = None
+    """Per row, a batch norm's channels (``prior.batch_norm_channels``; NaN for other rows; None: unknown,
+    none)."""
 
     def __len__(self) -> int:
         return int(self.seconds.numel())
@@ -105,7 +108,7 @@ def kernel_rows(samples: list, node_seconds: dict[str, list[torch.Tensor]]) -> K
     """Rows of every node with a measured device time > 0 (``node_seconds``: per configuration key, one
     tensor of per-node seconds per profile, NaN where unmatched; profiles of a configuration averaged)."""
     parts = {k: [] for k in ("flops", "moved", "dtype", "gemm", "tc", "cat", "family", "s", "draw", "bwd", "fresh",
-                                 "grouped", "depthwise", "conv_gemm")}
+                                 "grouped", "depthwise", "conv_gemm", "bn_channels")}
     gemm_ids = torch.tensor([ops.CATEGORIES.index(c) for c in ops.TENSOR_CORE_CATEGORIES])
     for s in samples:
         per_profile = node_seconds.get(s.key)
@@ -131,6 +134,7 @@ def kernel_rows(samples: list, node_seconds: dict[str, list[torch.Tensor]]) -> K
         parts["grouped"].append(prior.grouped_conv(x, x_cat))
         parts["depthwise"].append(prior.depthwise_shapes(x, x_cat))
         parts["conv_gemm"].append(prior.conv_gemm_intensity(x, x_cat))
+        parts["bn_channels"].append(prior.batch_norm_channels(x, x_cat))
         fresh = getattr(s, "fresh_bytes", None)
         parts["fresh"].append(fresh[keep].double() if fresh is not None else torch.zeros(int(keep.sum()), 2,
                                                                                           dtype=torch.float64))
@@ -140,7 +144,7 @@ def kernel_rows(samples: list, node_seconds: dict[str, list[torch.Tensor]]) -> K
                       torch.cat(parts["gemm"]), torch.cat(parts["tc"]), parts["cat"], parts["family"],
                       torch.cat(parts["s"]), torch.cat(parts["draw"]), torch.cat(parts["bwd"]),
                       torch.cat(parts["fresh"]), torch.cat(parts["grouped"]), torch.cat(parts["depthwise"]),
-                      torch.cat(parts["conv_gemm"]))
+                      torch.cat(parts["conv_gemm"]), torch.cat(parts["bn_channels"]))
 
 
 def row_draws(key: str, n: int) -> torch.Tensor:
@@ -280,6 +284,23 @@ def _memory_params(params: dict, name: str) -> torch.Tensor:
     return _shifted(params["memory"], params["mshift:" + name[len(MEMORY_GROUP):]])
 
 
+def _ramp_factor(params: dict, rows: KernelRows) -> torch.Tensor | None:
+    """Per row the batch norms' channel ramp (``prior.channel_ramp_factor``) from the fit's parameters
+    ("cramp:batch_norm", "cramp:batch_norm_backward": log half channels, log slope), differentiable; None
+    where the fit has none."""
+    if "cramp:batch_norm" not in params or rows.bn_channels is None:
+        return None
+    backward = rows.backward if rows.backward is not None else torch.zeros(len(rows), dtype=torch.bool)
+    has = ~torch.isnan(rows.bn_channels)
+    channels = torch.where(has, rows.bn_channels, 1.0).clamp_min(1.0)
+    factor = torch.ones_like(rows.seconds)
+    for name, is_backward in zip(prior.BATCH_NORM_OPS, (False, True)):
+        half, slope = params[f"cramp:{name}"].exp()
+        m = has & (backward == is_backward)
+        factor = torch.where(m, 1.0 + (half / channels) ** slope, factor)
+    return factor
+
+
 def _device_seconds(params: dict, rows: KernelRows, hw: Hardware, masks: dict, rates: torch.Tensor,
                     memory_masks: dict | None = None, conv_intensity: str = "tensor"):
     compute = torch.zeros_like(rows.seconds)
@@ -294,6 +315,9 @@ def _device_seconds(params: dict, rows: KernelRows, hw: Hardware, masks: dict, r
     for name, m in memory_masks.items():
         eff = _curve_t(_memory_params(params, name), rows.moved[m], bounded=bounded)
         memory = memory.masked_scatter(m, rows.moved[m] / (hw.memory_bandwidth_Bps * eff))
+    factor = _ramp_factor(params, rows)
+    if factor is not None:
+        compute, memory = compute * factor, memory * factor
     floor = torch.exp(params["floor"]).expand_as(compute)
     # a smooth max keeps the gradient alive for the term that is not (yet) the largest
     terms = torch.stack([compute.clamp_min(1e-12), memory.clamp_min(1e-12), floor]).log()
@@ -318,7 +342,7 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
                intensity: bool = True, vector_by_category: bool = True, memory_by_category: bool = True,
                streaming: tuple[str, ...] | None = None, backward_curves: bool = False,
                fresh: dict | None = None, grouped_conv: bool = False, depthwise: bool = False,
-               conv_intensity: str = "tensor") -> dict:
+               conv_intensity: str = "tensor", channel_ramp: bool = False) -> dict:
     """Curves (``prior.Curve`` dicts) for GEMM-like kernels per category and dtype (``by_category``; else
     per dtype), other compute ("vector"), memory traffic, and the device floor in seconds, fitted to
     ``rows``. With ``intensity`` the compute curves also ramp with arithmetic intensity; with
@@ -341,7 +365,8 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
     at least ``MIN_GROUP_ROWS`` depthwise-like convolutions (``prior.depthwise_shapes``) gets a power law in
     their shape (``fit_depthwise``, ``prior.Profile.depthwise``) and the curves are fitted to the other
     rows. ``conv_intensity="gemm"`` ramps a dense convolution's curve with its implicit GEMM's intensity
-    (``prior.Profile.conv_intensity``)."""
+    (``prior.Profile.conv_intensity``). With ``channel_ramp`` each batch-norm op (forward, backward) gets a
+    ramp in its channels (``prior.Profile.channel_ramp``) fitted with the curves."""
     law, rows = _depthwise_apart(rows, fresh) if depthwise else ({}, rows)
     if streaming is None:
         streaming = STREAMING if memory_by_category and hw.kind != "cpu" else ()
@@ -371,6 +396,9 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
         params[f"shift:{c}"] = torch.zeros(1, dtype=torch.float64, requires_grad=True)
     for k in mshifts:
         params[f"mshift:{k}"] = torch.zeros(2, dtype=torch.float64, requires_grad=True)
+    if channel_ramp and rows.bn_channels is not None and bool((~torch.isnan(rows.bn_channels)).any()):
+        for name in prior.BATCH_NORM_OPS:  # half at 64 channels, slope 1
+            params[f"cramp:{name}"] = torch.tensor([math.log(64.0), 0.0], dtype=torch.float64, requires_grad=True)
     opt = torch.optim.Adam(list(params.values()), lr=0.03)
     weight = rows.seconds.sqrt()
     weight = weight / weight.sum()
@@ -413,6 +441,9 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
             out["depthwise"] = law
         if conv_intensity != "tensor":
             out["conv_intensity"] = conv_intensity
+        if "cramp:batch_norm" in params:
+            out["channel_ramp"] = {name: [float(v) for v in params[f"cramp:{name}"].exp()]
+                                   for name in prior.BATCH_NORM_OPS}
         if fresh:
             out["fresh"] = {"threshold_bytes": float(fresh["threshold_bytes"]), "s_per_byte": float(fresh["s_per_byte"])}
     return out
@@ -464,6 +495,8 @@ def device_profile(hw: Hardware, fitted: dict, host_s=None, fixed_s=None) -> pri
          "depthwise": fitted.get("depthwise", {})}
     if fitted.get("conv_intensity"):
         d["conv_intensity"] = fitted["conv_intensity"]
+    if fitted.get("channel_ramp"):
+        d["channel_ramp"] = fitted["channel_ramp"]
     if fitted.get("fresh"):
         d["fresh_threshold_bytes"] = fitted["fresh"]["threshold_bytes"]
         d["fresh_s_per_byte"] = fitted["fresh"]["s_per_byte"]
@@ -515,6 +548,9 @@ def _prior_seconds(rows: KernelRows, profile: prior.Profile) -> torch.Tensor:
         bandwidth[m] = profile.memory_curve(c, d)(rows.moved[m])
     memory = rows.moved / (hw.memory_bandwidth_Bps * bandwidth)
     seconds = torch.maximum(compute, memory)
+    if profile.channel_ramp and rows.bn_channels is not None:
+        backward = rows.backward if rows.backward is not None else torch.zeros(len(rows), dtype=torch.bool)
+        seconds = seconds * prior.channel_ramp_factor(rows.bn_channels, backward, profile.channel_ramp)
     if profile.depthwise and rows.depthwise is not None:
         backward = rows.backward if rows.backward is not None else torch.zeros(len(rows), dtype=torch.bool)
         law = prior.depthwise_law_seconds(rows.depthwise, backward, rows.dtype, profile.depthwise)
@@ -643,7 +679,7 @@ def take(rows: KernelRows, keep: torch.Tensor) -> KernelRows:
     return KernelRows(rows.flops[keep], rows.moved[keep], [rows.dtype[i] for i in pick], rows.gemm[keep],
                       rows.tensor_core[keep], [rows.category[i] for i in pick], [rows.family[i] for i in pick],
                       rows.seconds[keep], part(rows.draw), part(rows.backward), part(rows.fresh),
-                      part(rows.grouped), part(rows.depthwise), part(rows.conv_gemm))
+                      part(rows.grouped), part(rows.depthwise), part(rows.conv_gemm), part(rows.bn_channels))
 
 
 def fit(samples: list, node_seconds: dict, hw: Hardware, max_rows: int | None = None, **device_kw):

@@ -114,3 +114,11 @@ def conv_transpose(batch_size, seq_len, image_size, c1=8, c2=16, k=3, stride=2, 
                           nn.ConvTranspose2d(c1, c2, k, stride, groups=groups, bias=False))
     size = image_size or 8
     return model, (torch.randn(batch_size, 3, size, size),), lambda output: output.float().square().mean()
+
+
+def conv_bn(batch_size, seq_len, image_size, cin=3, channels=16):
+    """Conv2d -> BatchNorm2d -> ReLU, sum-of-squares loss: one batch norm of ``channels`` channels."""
+    model = nn.Sequential(nn.Conv2d(cin, channels, 3, 1, 1, bias=False), nn.BatchNorm2d(channels), nn.ReLU())
+    size = image_size or 16
+    inputs = (torch.randn(batch_size, cin, size, size),)
+    return model, inputs, lambda output: output.float().square().mean()

@@ -754,3 +754,51 @@ def test_dense_convolutions_can_ramp_with_their_implicit_gemm_intensity():
     moved_b = prior._unlog(xb[convb[1], 1]) + prior._unlog(xb[convb[1], 2])
     memory_b = moved_b / (H200.memory_bandwidth_Bps * own.memory_curve("conv", "bf16")(moved_b.reshape(1)))
     assert priced.item() == pytest.approx(max(expected.item(), memory_b.item()), rel=1e-6)
+
+
+def test_batch_norms_can_ramp_with_their_channels():
+    """``prior.batch_norm_channels`` reads a traced batch norm's channels (forward and backward), NaN for
+    other nodes; on SYNTHETIC batch norms whose time is their bytes at the bandwidth over a channel ramp
+    (a GPU's one thread block per channel), a fit with ``channel_ramp`` recovers it and one without does not;
+    the profile carries the ramp and ``prior.node_seconds`` prices a traced batch norm by it."""
+    from conftest import py_spec
+    from gnn_ptp import graph
+    from gnn_ptp.spec import Shape
+    from gnn_ptp.trace import StepConfig, trace_step
+
+    step = trace_step(StepConfig(py_spec("conv_bn", channels=24), Shape(4, None, 16), "fp32", target="cuda"))
+    tensors, _ = graph.to_tensors(step)
+    x, x_cat = tensors["x"], tensors["x_cat"]
+    bn = (x_cat[:, 0] == ops.OP_ID["batch_norm"]) | (x_cat[:, 0] == ops.OP_ID["batch_norm_backward"])
+    assert int(bn.sum()) == 2
+    read = prior.batch_norm_channels(x, x_cat)
+    assert read[bn].tolist() == [24.0, 24.0]
+    assert torch.isnan(read[~bn]).all()
+
+    g = torch.Generator().manual_seed(7)
+    n = 3000
+    channels = 2.0 ** torch.randint(3, 11, (n,), generator=g).double()
+    per_channel = 2.0 ** torch.randint(12, 20, (n,), generator=g).double()
+    backward = torch.rand(n, generator=g) < 0.5
+    moved = 4.0 * channels * per_channel * torch.where(backward, 3.0, 2.0)
+    ramp = {"batch_norm": (100.0, 1.0), "batch_norm_backward": (150.0, 1.2)}
+    noise = torch.exp(0.05 * torch.randn(n, generator=g, dtype=torch.float64))
+    seconds = (moved / (H200.memory_bandwidth_Bps * 0.8) * prior.channel_ramp_factor(channels, backward, ramp)
+               * noise)
+    rows = prior_fit.KernelRows(moved / 8, moved, ["fp32"] * n, torch.zeros(n, dtype=torch.bool),
+                                torch.zeros(n, dtype=torch.bool), ["norm"] * n, ["synthetic"] * n, seconds,
+                                None, backward, bn_channels=channels)
+    with_ramp = prior_fit.fit_device(rows, H200, steps=2000, intensity=False, channel_ramp=True)
+    without = prior_fit.fit_device(rows, H200, steps=2000, intensity=False)
+    assert set(with_ramp["channel_ramp"]) == set(prior.BATCH_NORM_OPS) and "channel_ramp" not in without
+    own, other = prior_fit.device_profile(H200, with_ramp), prior_fit.device_profile(H200, without)
+    assert own.channel_ramp and not other.channel_ramp
+    assert prior_fit.kernel_errors(rows, own)["all"]["median_ape"] < 6
+    assert prior_fit.kernel_errors(rows, other)["all"]["median_ape"] > 20
+
+    plain = prior.node_seconds(x, x_cat, replace(own, channel_ramp={}, launch_floor_s=0.0))
+    ramped = prior.node_seconds(x, x_cat, replace(own, launch_floor_s=0.0))
+    factor = prior.channel_ramp_factor(read, x_cat[:, 3] == prior.BACKWARD_PHASE, own.channel_ramp)
+    torch.testing.assert_close(ramped[bn], plain[bn] * factor[bn])
+    torch.testing.assert_close(ramped[~bn], plain[~bn])
+    assert bool((factor[bn] > 1.5).all())  # 24 channels: well below either fitted half
