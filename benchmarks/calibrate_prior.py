@@ -303,10 +303,13 @@ def print_table(errors: dict) -> None:
 
 def _depthwise_for(hw, device_kw: dict) -> dict:
     """``device_kw`` with the depthwise law on where asked for: a CPU's fit by default (``depthwise``), a GPU's
-    only with ``gpu_depthwise`` (``--gpu-depthwise-law``)."""
+    only with ``gpu_depthwise`` (``--gpu-depthwise-law``); and the batch norms' channel ramp on a GPU's fit
+    with ``gpu_channel_ramp`` (the default; ``--no-bn-channel-ramp``), never on a CPU's."""
     kw = dict(device_kw)
     gpu = kw.pop("gpu_depthwise", False)
     kw["depthwise"] = gpu if hw.kind != "cpu" else kw.get("depthwise", False)
+    ramp = kw.pop("gpu_channel_ramp", False)  # the batch norms' channel ramp: a GPU's fit only
+    kw["channel_ramp"] = ramp and hw.kind != "cpu"
     return kw
 
 
@@ -550,12 +553,13 @@ def main() -> None:
     ap.add_argument("--conv-gemm-intensity", action="store_true",
                     help="with --profiles: a dense convolution's curve ramps with the intensity of the implicit GEMM "
                          "it runs as (its im2col operand in full), not its tensors' bytes (prior.Profile."
-                         "conv_intensity; declared and scored on the H200 in 2026-11-26's sixteenth session; "
-                         "README *The H200 dataset*)")
-    ap.add_argument("--bn-channel-ramp", action="store_true",
-                    help="with --profiles: batch norms (forward, backward) get a ramp in their channels fitted with "
-                         "the curves (one thread block per channel on a GPU: prior.Profile.channel_ramp; declared "
-                         "and scored on the H200 in 2026-11-26's sixteenth session; README *The H200 dataset*)")
+                         "conv_intensity; declared and scored on the H200 in 2026-11-26's sixteenth session, it failed, off; "
+                         "README *Analytic H100 mode*)")
+    ap.add_argument("--no-bn-channel-ramp", action="store_true",
+                    help="with --profiles on a GPU: leave out the batch norms' ramp in their channels (one thread "
+                         "block per channel: prior.Profile.channel_ramp), a GPU fit's default since it passed its "
+                         "declared rule on the H200 in 2026-11-26's sixteenth session (as --bn-channel-ramp, then "
+                         "an option; README *Analytic H100 mode*); a CPU fit never has it")
     ap.add_argument("--no-intensity", action="store_true",
                     help="with --profiles: curves by kernel size alone, without the arithmetic-intensity ramp")
     ap.add_argument("--neusight", type=Path, help="a checkout of github.com/sitfor/NeuSight (re-fits h100)")
@@ -584,7 +588,7 @@ def main() -> None:
               "depthwise": not args.no_depthwise_law, "gpu_depthwise": args.gpu_depthwise_law,
               "fresh": None if args.no_fresh else fresh_of(args.profiles),
               **({"conv_intensity": "gemm"} if args.conv_gemm_intensity else {}),
-              **({"channel_ramp": True} if args.bn_channel_ramp else {})}
+              "gpu_channel_ramp": not args.no_bn_channel_ramp}
         if args.lofo_only:
             _, e = fit_profiles_lofo(args.profiles, score_only=True, **kw)
             print_lofo(e)

@@ -186,15 +186,16 @@ class Profile:
     FLOPs over the bytes of the implicit GEMM cuDNN runs it as, its im2col operand counted in full), where
     fitted so. By tensor bytes a 3x3 convolution's intensity is nine times a 1x1's of the same channels,
     though both run as GEMMs of similar shape: on the H200's fit by tensor bytes, 1x1 convolutions priced
-    3.6x their measured time and 7x7 ones 0.5x (README, *The H200 dataset*)."""
+    3.6x their measured time and 7x7 ones 0.5x; fitted so, left out family by family, it scored worse
+    (README, *Analytic H100 mode*)."""
 
     channel_ramp: dict[str, tuple[float, float]] = field(default_factory=dict)
     """Where fitted so, per batch-norm op ("batch_norm", "batch_norm_backward"), (half_channels, slope): its
-    kernel time is divided by ``1 / (1 + (half_channels / channels) ** slope)``. A GPU's batch norm reduces
+    kernel time is multiplied by ``1 + (half_channels / channels) ** slope``. A GPU's batch norm reduces
     each channel in one thread block (PyTorch's ``batch_norm_collect_statistics_kernel`` and its backward
     launch one block per channel), so with fewer channels than the GPU has multiprocessors part of it
     idles: on the H200, by bytes alone, 16-channel batch norms priced 0.16-0.41 of their measured time and
-    256-1,024-channel ones 1.4-1.9 (README, *The H200 dataset*). Other nodes, and a profile without it,
+    256-1,024-channel ones 1.4-1.9 (README, *Analytic H100 mode*). Other nodes, and a profile without it,
     are unchanged (``batch_norm_channels``)."""
 
     @property

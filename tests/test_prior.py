@@ -420,6 +420,19 @@ def test_calibrate_prior_fits_a_gpu_s_depthwise_law_only_when_asked():
     assert "gpu_depthwise" not in mod._depthwise_for(gpu, {"depthwise": True, "gpu_depthwise": True})
 
 
+def test_calibrate_prior_fits_the_batch_norms_channel_ramp_on_a_gpu_only():
+    """The shipped h100 section has the ramp (it passed its declared rule): a GPU fit has it unless
+    --no-bn-channel-ramp, a CPU fit never (its batch norm runs on the thread that issues it)."""
+    mod = calibrate_prior_module()
+    gpu, cpu = HARDWARE["h200"], HARDWARE["cpu"]
+    assert mod._depthwise_for(gpu, {"gpu_channel_ramp": True})["channel_ramp"] is True
+    assert mod._depthwise_for(gpu, {"gpu_channel_ramp": False})["channel_ramp"] is False
+    assert mod._depthwise_for(cpu, {"gpu_channel_ramp": True})["channel_ramp"] is False
+    assert "gpu_channel_ramp" not in mod._depthwise_for(gpu, {"gpu_channel_ramp": True})
+    assert prior.get_profile("h200").channel_ramp.keys() == set(prior.BATCH_NORM_OPS)
+    assert prior.get_profile("h100").channel_ramp == prior.get_profile("h200").channel_ramp
+
+
 def test_calibrate_prior_lofo_only_writes_nothing_and_refuses_write():
     import subprocess
     import sys
