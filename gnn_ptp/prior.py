@@ -249,6 +249,12 @@ def _dims(logged: torch.Tensor) -> torch.Tensor:
     return torch.round(_unlog(logged))
 
 
+def _channels(dims: torch.Tensor) -> torch.Tensor:
+    """Dim 1 of each right-aligned shape of 2-4 dims (``_dims`` rows): a tensor's channels."""
+    ndim = (dims > 0).sum(1).clamp(2, 4)
+    return dims.gather(1, (4 - ndim + 1).unsqueeze(1)).squeeze(1)
+
+
 def grouped_conv(x: torch.Tensor, x_cat: torch.Tensor) -> torch.Tensor:
     """Per node (bool [N]), whether it is a grouped convolution (``GROUPED_CONV``), from its features alone:
     its reduction depth (input channels per group x kernel area) is below its input channels. A forward
@@ -267,15 +273,10 @@ def grouped_conv(x: torch.Tensor, x_cat: torch.Tensor) -> torch.Tensor:
     xs, backward = x[conv], x_cat[conv, 3] == BACKWARD_PHASE
     flops = _unlog(xs[:, 0])
     out_dims, in_dims = _dims(xs[:, 4:8]), _dims(xs[:, 8:12])
-
-    def channels(dims: torch.Tensor) -> torch.Tensor:  # dim 1 of a right-aligned shape of 2-4 dims
-        ndim = (dims > 0).sum(1).clamp(2, 4)
-        return dims.gather(1, (4 - ndim + 1).unsqueeze(1)).squeeze(1)
-
     forward_depth = flops / (2.0 * out_dims.clamp_min(1).prod(1))
     backward_depth = flops / (4.0 * in_dims.clamp_min(1).prod(1))
     depth = torch.where(backward, backward_depth, forward_depth)
-    in_channels = torch.where(backward, channels(out_dims), channels(in_dims))
+    in_channels = torch.where(backward, _channels(out_dims), _channels(in_dims))
     out[conv] = depth < in_channels - 0.5
     return out
 
@@ -323,7 +324,7 @@ def batch_norm_channels(x: torch.Tensor, x_cat: torch.Tensor) -> torch.Tensor:
         return out
     dims = _dims(x[bn][:, 8:12])
     ndim = (dims > 0).sum(1)
-    channels = dims.gather(1, (4 - ndim.clamp(2, 4) + 1).unsqueeze(1)).squeeze(1)
+    channels = _channels(dims)
     out[bn] = torch.where((ndim >= 2) & (channels > 0), channels, torch.full_like(channels, float("nan")))
     return out
 
@@ -362,7 +363,7 @@ def conv_gemm_intensity(x: torch.Tensor, x_cat: torch.Tensor) -> torch.Tensor:
     flops = _unlog(xs[:, 0])
     dims = torch.where(backward.unsqueeze(1), _dims(xs[:, 8:12]), _dims(xs[:, 4:8]))
     ndim = (dims > 0).sum(1)
-    channels = dims.gather(1, (4 - ndim.clamp(2, 4) + 1).unsqueeze(1)).squeeze(1)  # dim 1, right-aligned
+    channels = _channels(dims)
     elements = dims.clamp_min(1).prod(1)
     positions = elements / channels.clamp_min(1)
     depth = flops / (torch.where(backward, 4.0, 2.0) * elements)

@@ -83,6 +83,10 @@ class KernelRows:
     def __len__(self) -> int:
         return int(self.seconds.numel())
 
+    def backward_mask(self) -> torch.Tensor:
+        """``backward``, or all False where unknown."""
+        return self.backward if self.backward is not None else torch.zeros(len(self), dtype=torch.bool)
+
 
 def load_profiled(data):
     """(hardware, samples, per-node measured seconds: ``node_labels.node_seconds``) of a GPU dataset
@@ -290,15 +294,8 @@ def _ramp_factor(params: dict, rows: KernelRows) -> torch.Tensor | None:
     where the fit has none."""
     if "cramp:batch_norm" not in params or rows.bn_channels is None:
         return None
-    backward = rows.backward if rows.backward is not None else torch.zeros(len(rows), dtype=torch.bool)
-    has = ~torch.isnan(rows.bn_channels)
-    channels = torch.where(has, rows.bn_channels, 1.0).clamp_min(1.0)
-    factor = torch.ones_like(rows.seconds)
-    for name, is_backward in zip(prior.BATCH_NORM_OPS, (False, True)):
-        half, slope = params[f"cramp:{name}"].exp()
-        m = has & (backward == is_backward)
-        factor = torch.where(m, 1.0 + (half / channels) ** slope, factor)
-    return factor
+    ramp = {name: tuple(params[f"cramp:{name}"].exp()) for name in prior.BATCH_NORM_OPS}
+    return prior.channel_ramp_factor(rows.bn_channels, rows.backward_mask(), ramp)
 
 
 def _device_seconds(params: dict, rows: KernelRows, hw: Hardware, masks: dict, rates: torch.Tensor,
@@ -462,7 +459,7 @@ def fit_depthwise(rows: KernelRows, fresh: dict | None = None) -> tuple[dict, to
     has = ~torch.isnan(rows.depthwise[:, 0])
     faults = None if not fresh else prior.fresh_seconds(rows.fresh, fresh["threshold_bytes"], fresh["s_per_byte"])
     target = rows.seconds if faults is None else torch.maximum(rows.seconds - faults, 0.1 * rows.seconds)
-    backward = rows.backward if rows.backward is not None else torch.zeros(len(rows), dtype=torch.bool)
+    backward = rows.backward_mask()
     names = np.array(rows.dtype)
     law = {}
     for b in (False, True):
@@ -549,11 +546,9 @@ def _prior_seconds(rows: KernelRows, profile: prior.Profile) -> torch.Tensor:
     memory = rows.moved / (hw.memory_bandwidth_Bps * bandwidth)
     seconds = torch.maximum(compute, memory)
     if profile.channel_ramp and rows.bn_channels is not None:
-        backward = rows.backward if rows.backward is not None else torch.zeros(len(rows), dtype=torch.bool)
-        seconds = seconds * prior.channel_ramp_factor(rows.bn_channels, backward, profile.channel_ramp)
+        seconds = seconds * prior.channel_ramp_factor(rows.bn_channels, rows.backward_mask(), profile.channel_ramp)
     if profile.depthwise and rows.depthwise is not None:
-        backward = rows.backward if rows.backward is not None else torch.zeros(len(rows), dtype=torch.bool)
-        law = prior.depthwise_law_seconds(rows.depthwise, backward, rows.dtype, profile.depthwise)
+        law = prior.depthwise_law_seconds(rows.depthwise, rows.backward_mask(), rows.dtype, profile.depthwise)
         seconds = torch.where(torch.isnan(law), seconds, law)
     seconds = torch.maximum(seconds, torch.full_like(compute, profile.launch_floor_s))
     faults = prior.fresh_seconds(rows.fresh, profile.fresh_threshold_bytes, profile.fresh_s_per_byte)
