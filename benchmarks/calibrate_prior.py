@@ -301,6 +301,10 @@ def print_table(errors: dict) -> None:
 # --- a Hopper GPU from its own harvest: profiled kernels and measured steps ---------------------------------
 
 
+KERNEL_CLASSES = {"optimizer_memory": True, "own_vector": ("random",), "own_memory": ("norm",)}
+"""``prior_fit.fit_device``'s options for ``--kernel-classes``."""
+
+
 def _depthwise_for(hw, device_kw: dict) -> dict:
     """``device_kw`` with the depthwise law on where asked for: a CPU's fit by default (``depthwise``), a GPU's
     only with ``gpu_depthwise`` (``--gpu-depthwise-law``); and the batch norms' channel ramp on a GPU's fit
@@ -560,6 +564,12 @@ def main() -> None:
                          "block per channel: prior.Profile.channel_ramp), a GPU fit's default since it passed its "
                          "declared rule on the H200 in 2026-11-26's sixteenth session (as --bn-channel-ramp, then "
                          "an option; README *Analytic H100 mode*); a CPU fit never has it")
+    ap.add_argument("--kernel-classes", action="store_true",
+                    help="with --profiles: three kernel classes the pooled curves misprice get curves of their own "
+                         "(prior_fit.fit_device: optimizer_memory, own_vector=random, own_memory=norm): the optimizer "
+                         "phase's non-GEMM kernels a bandwidth curve, the random generator's kernels their own "
+                         "vector peak fraction, the norms a bandwidth curve over every dtype (declared in "
+                         "2026-11-26's seventeenth session; README *The CPU prior*)")
     ap.add_argument("--no-intensity", action="store_true",
                     help="with --profiles: curves by kernel size alone, without the arithmetic-intensity ramp")
     ap.add_argument("--neusight", type=Path, help="a checkout of github.com/sitfor/NeuSight (re-fits h100)")
@@ -588,7 +598,8 @@ def main() -> None:
               "depthwise": not args.no_depthwise_law, "gpu_depthwise": args.gpu_depthwise_law,
               "fresh": None if args.no_fresh else fresh_of(args.profiles),
               **({"conv_intensity": "gemm"} if args.conv_gemm_intensity else {}),
-              "gpu_channel_ramp": not args.no_bn_channel_ramp}
+              "gpu_channel_ramp": not args.no_bn_channel_ramp,
+              **(KERNEL_CLASSES if args.kernel_classes else {})}
         if args.lofo_only:
             _, e = fit_profiles_lofo(args.profiles, score_only=True, **kw)
             print_lofo(e)

@@ -102,12 +102,24 @@ def print_tables(rows: list[dict]) -> None:
         print(f"  {name:<14} n {len(rs):4d}   prior {fmt(P)}   measured kernels {fmt(K)}")
 
 
+def kind_profile(data, hw) -> prior.Profile:
+    """The prior of the hardware kind ``data``'s records were measured on: a CPU kind's own section (its
+    descriptor's, e.g. ``cpu-amd-epyc-family-26-model-2``), not the reference CPU's that the ``cpu``
+    hardware name gives; a GPU's calibrated profile."""
+    from gnn_ptp import dataset, descriptor
+
+    if hw.kind != "cpu":
+        return prior.get_profile(hw)
+    env = dataset.measured_configs(data)[0].env or {"hardware": "cpu"}
+    return descriptor.for_env(env).profile()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data", default="datasets/h200")
     args = ap.parse_args()
     hw, samples, node_seconds = prior_fit.load_profiled(args.data)
-    profile = prior.get_profile(hw)
+    profile = kind_profile(args.data, hw)
     rows = decompose(samples, node_seconds, profile)
     print(f"{args.data}: {len(rows)} profiled configurations of {len(samples)} on {hw.description}")
     print(f"calibration: {profile.source}\n")

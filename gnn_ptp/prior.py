@@ -60,6 +60,10 @@ CALIBRATION_FILE = Path(__file__).with_name("prior_calibration.json")
 TC_COLUMN = 13  # graph.py node features: tensor-core flag
 GEMM_CATEGORIES = tuple(ops.CATEGORIES.index(c) for c in ops.TENSOR_CORE_CATEGORIES)
 BACKWARD_PHASE = PHASES.index("backward")
+OPTIMIZER_PHASE = PHASES.index("optimizer")
+OPTIMIZER_MEMORY = "@optimizer"
+"""The ``memory_fraction`` / ``memory_half_size`` key of the optimizer phase's non-GEMM kernels, where a
+fit gave them a bandwidth curve of their own (``Profile.memory_curve``)."""
 """``x_cat[:, 3]`` of a backward kernel."""
 BACKWARD_CURVES = ("conv", "attention")
 """GEMM-like categories whose backward is one fused node (``convolution_backward``, an attention's
@@ -147,7 +151,9 @@ class Profile:
     memory_half_size: dict[str, float] = field(default_factory=dict)
     """Per non-GEMM "category:dtype", its own ``half_size`` of the memory curve where fitted so: AdamW's
     foreach kernels reach half their bandwidth only at ~40 MB (one launch per chunk of tensors), an
-    element-wise kernel at ~5 MB."""
+    element-wise kernel at ~5 MB. Both tables may also hold a category alone ("norm": its own curve over
+    every dtype) and ``OPTIMIZER_MEMORY`` ("@optimizer": every non-GEMM kernel of the optimizer phase, a
+    CPU's in-place per-parameter updates, which re-touch the same few tensors while they are in cache)."""
     streaming: tuple[str, ...] = ()
     """Non-GEMM categories priced by their bytes alone (no compute term), where fitted so: on a GPU AdamW's
     foreach kernels do well under one FLOP per byte moved, far below any compute ridge, and a compute curve
@@ -210,11 +216,15 @@ class Profile:
         fraction = self.vector_fraction.get(category)
         return self.vector if fraction is None else replace(self.vector, peak_fraction=fraction)
 
-    def memory_curve(self, category: str, dtype: str) -> Curve:
-        """The bandwidth curve of a kernel of ``category`` in ``dtype``: ``memory``, at the pair's own peak
-        fraction and half size where it has them."""
-        key = f"{category}:{dtype}"
-        fraction, half = self.memory_fraction.get(key), self.memory_half_size.get(key)
+    def memory_curve(self, category: str, dtype: str, optimizer: bool = False) -> Curve:
+        """The bandwidth curve of a kernel of ``category`` in ``dtype``: ``memory``, at its own peak
+        fraction and half size where it has them: the optimizer phase's (``optimizer``: a non-GEMM kernel
+        of that phase), else the pair's, else its category's."""
+        fraction = half = None
+        for key in ((OPTIMIZER_MEMORY,) if optimizer else ()) + (f"{category}:{dtype}", category):
+            fraction, half = self.memory_fraction.get(key), self.memory_half_size.get(key)
+            if fraction is not None or half is not None:
+                break
         if fraction is None and half is None:
             return self.memory
         return replace(self.memory, peak_fraction=self.memory.peak_fraction if fraction is None else fraction,
@@ -505,13 +515,16 @@ def _kernel_seconds(x: torch.Tensor, x_cat: torch.Tensor, profile: Profile,
         backward = torch.zeros_like(backward)
     grouped = (grouped_conv(x, x_cat) if any(key.startswith(GROUPED_CONV) for key in profile.gemm)
                else torch.zeros_like(backward))
+    optimizer = ((x_cat[:, 3] == OPTIMIZER_PHASE) & ~gemm if OPTIMIZER_MEMORY in profile.memory_fraction
+                 else torch.zeros_like(backward))
     rate = torch.empty_like(flops)
     peaks = [torch.empty_like(flops) for _ in ceilings]
     efficiency = torch.empty_like(flops)
     bandwidth = torch.empty_like(flops)
-    for (d, c, t, g, b, gr) in set(zip(dtype.tolist(), category.tolist(), tc.tolist(), gemm.tolist(),
-                                       backward.tolist(), grouped.tolist())):
-        rows = (dtype == d) & (category == c) & (tc == t) & (gemm == g) & (backward == b) & (grouped == gr)
+    for (d, c, t, g, b, gr, o) in set(zip(dtype.tolist(), category.tolist(), tc.tolist(), gemm.tolist(),
+                                          backward.tolist(), grouped.tolist(), optimizer.tolist())):
+        rows = ((dtype == d) & (category == c) & (tc == t) & (gemm == g) & (backward == b) & (grouped == gr)
+                & (optimizer == o))
         name, cat = ops.DTYPES[d], ops.CATEGORIES[c]
         rate[rows] = hw.flops_rate(name, t, gemm=g)
         streaming = not g and cat in profile.streaming
@@ -522,7 +535,7 @@ def _kernel_seconds(x: torch.Tensor, x_cat: torch.Tensor, profile: Profile,
             efficiency[rows] = curve(flops[rows], intensity[rows])
         for peak, ceiling in zip(peaks, ceilings):
             peak[rows] = float("inf") if streaming else ceiling.flops_rate(name, t, gemm=g)
-        bandwidth[rows] = profile.memory_curve(cat, name)(moved[rows])
+        bandwidth[rows] = profile.memory_curve(cat, name, o)(moved[rows])
     compute_s = flops / (rate * efficiency)
     memory_s = moved / (hw.memory_bandwidth_Bps * bandwidth)
     ideal_s = [torch.maximum(flops / peak, moved / ceiling.memory_bandwidth_Bps)

@@ -79,6 +79,8 @@ class KernelRows:
     bn_channels: torch.Tensor | None = None
     """Per row, a batch norm's channels (``prior.batch_norm_channels``; NaN for other rows; None: unknown,
     none)."""
+    optimizer: torch.Tensor | None = None
+    """Per row, whether the kernel runs in the optimizer phase (None: unknown, none)."""
 
     def __len__(self) -> int:
         return int(self.seconds.numel())
@@ -112,7 +114,7 @@ def kernel_rows(samples: list, node_seconds: dict[str, list[torch.Tensor]]) -> K
     """Rows of every node with a measured device time > 0 (``node_seconds``: per configuration key, one
     tensor of per-node seconds per profile, NaN where unmatched; profiles of a configuration averaged)."""
     parts = {k: [] for k in ("flops", "moved", "dtype", "gemm", "tc", "cat", "family", "s", "draw", "bwd", "fresh",
-                                 "grouped", "depthwise", "conv_gemm", "bn_channels")}
+                                 "grouped", "depthwise", "conv_gemm", "bn_channels", "opt")}
     gemm_ids = torch.tensor([ops.CATEGORIES.index(c) for c in ops.TENSOR_CORE_CATEGORIES])
     for s in samples:
         per_profile = node_seconds.get(s.key)
@@ -135,6 +137,7 @@ def kernel_rows(samples: list, node_seconds: dict[str, list[torch.Tensor]]) -> K
         parts["s"].append(measured[keep].double())
         parts["draw"].append(row_draws(s.key, keep.numel())[keep])
         parts["bwd"].append(x_cat[:, 3] == prior.BACKWARD_PHASE)
+        parts["opt"].append(x_cat[:, 3] == prior.OPTIMIZER_PHASE)
         parts["grouped"].append(prior.grouped_conv(x, x_cat))
         parts["depthwise"].append(prior.depthwise_shapes(x, x_cat))
         parts["conv_gemm"].append(prior.conv_gemm_intensity(x, x_cat))
@@ -148,7 +151,7 @@ def kernel_rows(samples: list, node_seconds: dict[str, list[torch.Tensor]]) -> K
                       torch.cat(parts["gemm"]), torch.cat(parts["tc"]), parts["cat"], parts["family"],
                       torch.cat(parts["s"]), torch.cat(parts["draw"]), torch.cat(parts["bwd"]),
                       torch.cat(parts["fresh"]), torch.cat(parts["grouped"]), torch.cat(parts["depthwise"]),
-                      torch.cat(parts["conv_gemm"]), torch.cat(parts["bn_channels"]))
+                      torch.cat(parts["conv_gemm"]), torch.cat(parts["bn_channels"]), torch.cat(parts["opt"]))
 
 
 def row_draws(key: str, n: int) -> torch.Tensor:
@@ -187,16 +190,16 @@ def _intensity(rows: KernelRows, conv_intensity: str = "tensor") -> torch.Tensor
 
 
 def _groups(rows: KernelRows, by_category: bool = True, vector_by_category: bool = False,
-            backward_curves: bool = False, grouped_conv: bool = False) -> list[str]:
+            backward_curves: bool = False, grouped_conv: bool = False, own_vector: tuple[str, ...] = ()) -> list[str]:
     """The curve each row's compute time uses: "<category>:<dtype>" (or its dtype alone) for GEMM-like
     kernels, with ``backward_curves`` "<category>_backward:<dtype>" for a fused backward kernel
     (``prior.BACKWARD_CURVES``: a convolution's or attention's backward is one node that runs other
     kernels than its forward), with ``grouped_conv`` "conv_grouped:<dtype>" and
     "conv_grouped_backward:<dtype>" for a grouped convolution's forward and backward (``prior.GROUPED_CONV``),
-    "vector" otherwise, or with ``vector_by_category`` "vector:<category>" (the vector curve at the
-    category's own peak fraction)."""
+    "vector" otherwise, or with ``vector_by_category`` (or for a category of ``own_vector``)
+    "vector:<category>" (the vector curve at the category's own peak fraction)."""
     def vector(c):
-        return VECTOR_GROUP + c if vector_by_category else "vector"
+        return VECTOR_GROUP + c if vector_by_category or c in own_vector else "vector"
     backward = rows.backward.tolist() if rows.backward is not None else [False] * len(rows)
     grouped = rows.grouped.tolist() if grouped_conv and rows.grouped is not None else [False] * len(rows)
 
@@ -268,14 +271,25 @@ MEMORY_GROUP = "memory:"
 """Prefix of a non-GEMM (category, dtype)'s bandwidth group ("memory:<category>:<dtype>")."""
 
 
-def _memory_groups(rows: KernelRows, by_category: bool = True) -> list[str]:
+def _memory_groups(rows: KernelRows, by_category: bool = True, optimizer_memory: bool = False,
+                   own_memory: tuple[str, ...] = ()) -> list[str]:
     """The bandwidth curve each row's memory time uses: "memory", or with ``by_category`` for a non-GEMM
     kernel with at least ``MIN_GROUP_ROWS`` of its (category, dtype) "memory:<category>:<dtype>" (the
-    memory curve at the pair's own peak fraction and half size)."""
-    if not by_category:
-        return ["memory"] * len(rows)
-    keys = [f"{MEMORY_GROUP}{c}:{d}" if not g else "memory"
-            for c, d, g in zip(rows.category, rows.dtype, rows.gemm.tolist())]
+    memory curve at the pair's own peak fraction and half size); without it, for a category of
+    ``own_memory`` "memory:<category>" (over every dtype). With ``optimizer_memory`` every non-GEMM kernel
+    of the optimizer phase takes "memory:@optimizer" (``prior.OPTIMIZER_MEMORY``) before any of those."""
+    optimizer = (rows.optimizer.tolist() if optimizer_memory and rows.optimizer is not None
+                 else [False] * len(rows))
+
+    def key(c, d, g, o):
+        if g:
+            return "memory"
+        if o:
+            return MEMORY_GROUP + prior.OPTIMIZER_MEMORY
+        if by_category:
+            return f"{MEMORY_GROUP}{c}:{d}"
+        return MEMORY_GROUP + c if c in own_memory else "memory"
+    keys = [key(*k) for k in zip(rows.category, rows.dtype, rows.gemm.tolist(), optimizer)]
     counts = Counter(keys)
     return [k if counts[k] >= MIN_GROUP_ROWS else "memory" for k in keys]
 
@@ -339,7 +353,8 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
                intensity: bool = True, vector_by_category: bool = True, memory_by_category: bool = True,
                streaming: tuple[str, ...] | None = None, backward_curves: bool = False,
                fresh: dict | None = None, grouped_conv: bool = False, depthwise: bool = False,
-               conv_intensity: str = "tensor", channel_ramp: bool = False) -> dict:
+               conv_intensity: str = "tensor", channel_ramp: bool = False, optimizer_memory: bool = False,
+               own_vector: tuple[str, ...] = (), own_memory: tuple[str, ...] = ()) -> dict:
     """Curves (``prior.Curve`` dicts) for GEMM-like kernels per category and dtype (``by_category``; else
     per dtype), other compute ("vector"), memory traffic, and the device floor in seconds, fitted to
     ``rows``. With ``intensity`` the compute curves also ramp with arithmetic intensity; with
@@ -363,18 +378,24 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
     their shape (``fit_depthwise``, ``prior.Profile.depthwise``) and the curves are fitted to the other
     rows. ``conv_intensity="gemm"`` ramps a dense convolution's curve with its implicit GEMM's intensity
     (``prior.Profile.conv_intensity``). With ``channel_ramp`` each batch-norm op (forward, backward) gets a
-    ramp in its channels (``prior.Profile.channel_ramp``) fitted with the curves."""
+    ramp in its channels (``prior.Profile.channel_ramp``) fitted with the curves. ``optimizer_memory`` gives
+    the optimizer phase's non-GEMM kernels a bandwidth curve of their own (``prior.OPTIMIZER_MEMORY``: its
+    peak fraction and half size); ``own_vector`` categories their own peak fraction of the vector curve and
+    ``own_memory`` categories their own bandwidth curve where ``vector_by_category`` and
+    ``memory_by_category`` pool the others (on the CPU kinds here the random generator's kernels price at
+    0.11-0.14 of their time with the pooled vector curve, and the optimizer's in-place updates of 10 KB-1 MB
+    at 1.2-1.7x theirs: README, *The CPU prior*)."""
     law, rows = _depthwise_apart(rows, fresh) if depthwise else ({}, rows)
     if streaming is None:
         streaming = STREAMING if memory_by_category and hw.kind != "cpu" else ()
-    groups = _groups(rows, by_category, vector_by_category, backward_curves, grouped_conv)
+    groups = _groups(rows, by_category, vector_by_category, backward_curves, grouped_conv, tuple(own_vector))
     counts = Counter(groups)
     groups = [_fallback(g, counts) if ":" in g and counts[g] < MIN_GROUP_ROWS else g for g in groups]
     rates = _rates(rows, hw)
     streams = torch.tensor([c in streaming and not g for c, g in zip(rows.category, rows.gemm.tolist())])
     masks = {n: m & ~streams for n, m in _masks(groups).items()}
     masks = {n: m for n, m in masks.items() if bool(m.any())}
-    memory_masks = _masks(_memory_groups(rows, memory_by_category))
+    memory_masks = _masks(_memory_groups(rows, memory_by_category, optimizer_memory, tuple(own_memory)))
     mshifts = sorted(n[len(MEMORY_GROUP):] for n in memory_masks if n != "memory")
     shifts = sorted(c for c in map(_vector_category, masks) if c is not None)
     names = sorted({"vector" if _vector_category(n) is not None else n for n in masks})
@@ -540,9 +561,11 @@ def _prior_seconds(rows: KernelRows, profile: prior.Profile) -> torch.Tensor:
     compute = rows.flops / (rates * eff)
     bandwidth = torch.empty_like(rows.seconds)
     category, dtype = np.array(rows.category), np.array(rows.dtype)
-    for c, d in set(zip(rows.category, rows.dtype)):
-        m = torch.from_numpy((category == c) & (dtype == d))
-        bandwidth[m] = profile.memory_curve(c, d)(rows.moved[m])
+    optimizer = ((rows.optimizer & ~rows.gemm) if rows.optimizer is not None
+                 and prior.OPTIMIZER_MEMORY in profile.memory_fraction else torch.zeros(len(rows), dtype=torch.bool))
+    for c, d, o in set(zip(rows.category, rows.dtype, optimizer.tolist())):
+        m = torch.from_numpy((category == c) & (dtype == d)) & (optimizer == o)
+        bandwidth[m] = profile.memory_curve(c, d, o)(rows.moved[m])
     memory = rows.moved / (hw.memory_bandwidth_Bps * bandwidth)
     seconds = torch.maximum(compute, memory)
     if profile.channel_ramp and rows.bn_channels is not None:
@@ -674,7 +697,8 @@ def take(rows: KernelRows, keep: torch.Tensor) -> KernelRows:
     return KernelRows(rows.flops[keep], rows.moved[keep], [rows.dtype[i] for i in pick], rows.gemm[keep],
                       rows.tensor_core[keep], [rows.category[i] for i in pick], [rows.family[i] for i in pick],
                       rows.seconds[keep], part(rows.draw), part(rows.backward), part(rows.fresh),
-                      part(rows.grouped), part(rows.depthwise), part(rows.conv_gemm), part(rows.bn_channels))
+                      part(rows.grouped), part(rows.depthwise), part(rows.conv_gemm), part(rows.bn_channels),
+                      part(rows.optimizer))
 
 
 def fit(samples: list, node_seconds: dict, hw: Hardware, max_rows: int | None = None, **device_kw):

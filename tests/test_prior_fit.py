@@ -802,3 +802,54 @@ def test_batch_norms_can_ramp_with_their_channels():
     torch.testing.assert_close(ramped[bn], plain[bn] * factor[bn])
     torch.testing.assert_close(ramped[~bn], plain[~bn])
     assert bool((factor[bn] > 1.5).all())  # 24 channels: well below either fitted half
+
+
+def test_kernel_classes_give_the_optimizer_phase_random_and_norms_their_own_curves():
+    """SYNTHETIC CPU rows priced by a known profile in which the optimizer phase's element-wise kernels
+    stream at twice the pooled bandwidth curve's fraction, the random generator's kernels run at a tenth of
+    the vector curve's and the norms at half the bandwidth: with the pooled curves the fit cannot price all
+    three (the CPU kinds' shipped form); with ``optimizer_memory``, ``own_vector=("random",)`` and
+    ``own_memory=("norm",)`` it recovers each, and a node of the optimizer phase is priced by its own curve
+    (``prior.OPTIMIZER_MEMORY``) only there."""
+    g = torch.Generator().manual_seed(11)
+    n = 3000
+    # 0 element-wise, 1 its optimizer twin, 2 random, 3 norm (memory-bound), 4 compute-bound element-wise
+    kind = torch.randint(0, 5, (n,), generator=g)
+    moved = 10 ** (5 + 3 * torch.rand(n, generator=g, dtype=torch.float64))  # above the launch floor
+    flops = torch.where(kind == 2, moved * 2.0, torch.where(kind == 4, moved * 50.0, moved / 1e4))
+    category = [("elementwise", "elementwise", "random", "norm", "elementwise")[k] for k in kind.tolist()]
+    rows = prior_fit.KernelRows(flops, moved, ["fp32"] * n, torch.zeros(n, dtype=torch.bool),
+                                torch.zeros(n, dtype=torch.bool), category, ["synthetic"] * n,
+                                torch.zeros(n, dtype=torch.float64), optimizer=kind == 1)
+    truth_section = {**CPU_TRUE, "vector_fraction": {"random": 0.05},
+                     "memory_fraction": {prior.OPTIMIZER_MEMORY: 8.0, "norm": 2.0}}
+    truth = prior.profile_from_dict(CPU, truth_section)
+    noise = torch.exp(0.05 * torch.randn(n, generator=g, dtype=torch.float64))
+    rows.seconds = prior_fit._prior_seconds(rows, truth) * noise
+
+    kw = dict(steps=1500, intensity=False, vector_by_category=False, memory_by_category=False)
+    pooled = prior_fit.kernel_errors(rows, prior_fit.device_profile(CPU, prior_fit.fit_device(rows, CPU, **kw)))
+    fitted = prior_fit.fit_device(rows, CPU, optimizer_memory=True, own_vector=("random",), own_memory=("norm",),
+                                  **kw)
+    assert set(fitted["memory_fraction"]) == {prior.OPTIMIZER_MEMORY, "norm"}
+    assert set(fitted["vector_fraction"]) == {"random"}
+    own = prior_fit.kernel_errors(rows, prior_fit.device_profile(CPU, fitted))
+    for category in ("random", "norm"):
+        assert own[category]["median_ape"] < 8 < pooled[category]["median_ape"], category
+    without = prior_fit.fit_device(rows, CPU, own_vector=("random",), own_memory=("norm",), **kw)
+
+    def optimizer_error(fitted):  # median APE of the optimizer phase's kernels
+        part = prior_fit.take(rows, kind == 1)
+        return float((prior_fit._prior_seconds(part, prior_fit.device_profile(CPU, fitted)) / part.seconds - 1)
+                     .abs().median())
+    assert optimizer_error(fitted) < 0.1 < 0.25 < optimizer_error(without)
+
+    x = torch.zeros(2, NODE_FEATURES)  # one element-wise node in the forward phase, one in the optimizer's
+    x[:, 1] = x[:, 2] = math.log2(1 + 5e5)
+    x_cat = torch.zeros(2, 4, dtype=torch.long)
+    x_cat[:, 1] = ops.CATEGORIES.index("elementwise")
+    x_cat[1, 3] = prior.OPTIMIZER_PHASE
+    seconds = prior.node_seconds(x, x_cat, truth)
+    assert seconds[0] / seconds[1] == pytest.approx(2.0, rel=1e-6)
+    plain = prior.node_seconds(x, x_cat, prior.profile_from_dict(CPU, CPU_TRUE))
+    assert plain[0] == pytest.approx(plain[1]) and plain[0] == pytest.approx(seconds[0])
