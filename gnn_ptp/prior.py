@@ -153,7 +153,8 @@ class Profile:
     foreach kernels reach half their bandwidth only at ~40 MB (one launch per chunk of tensors), an
     element-wise kernel at ~5 MB. Both tables may also hold a category alone ("norm": its own curve over
     every dtype) and ``OPTIMIZER_MEMORY`` ("@optimizer": every non-GEMM kernel of the optimizer phase, a
-    CPU's in-place per-parameter updates, which re-touch the same few tensors while they are in cache)."""
+    CPU's in-place per-parameter updates, which re-touch the same few tensors while they are in cache; or
+    per pair, "@optimizer:elementwise:fp32", in a fit that gives every pair its own curve)."""
     streaming: tuple[str, ...] = ()
     """Non-GEMM categories priced by their bytes alone (no compute term), where fitted so: on a GPU AdamW's
     foreach kernels do well under one FLOP per byte moved, far below any compute ridge, and a compute curve
@@ -216,12 +217,19 @@ class Profile:
         fraction = self.vector_fraction.get(category)
         return self.vector if fraction is None else replace(self.vector, peak_fraction=fraction)
 
+    @property
+    def optimizer_memory(self) -> bool:
+        """Whether the optimizer phase's non-GEMM kernels have bandwidth curves of their own
+        (``OPTIMIZER_MEMORY``, alone or per "category:dtype")."""
+        return any(k.startswith(OPTIMIZER_MEMORY) for k in self.memory_fraction)
+
     def memory_curve(self, category: str, dtype: str, optimizer: bool = False) -> Curve:
         """The bandwidth curve of a kernel of ``category`` in ``dtype``: ``memory``, at its own peak
         fraction and half size where it has them: the optimizer phase's (``optimizer``: a non-GEMM kernel
-        of that phase), else the pair's, else its category's."""
+        of that phase; per pair, else pooled), else the pair's, else its category's."""
         fraction = half = None
-        for key in ((OPTIMIZER_MEMORY,) if optimizer else ()) + (f"{category}:{dtype}", category):
+        pair = f"{category}:{dtype}"
+        for key in ((f"{OPTIMIZER_MEMORY}:{pair}", OPTIMIZER_MEMORY) if optimizer else ()) + (pair, category):
             fraction, half = self.memory_fraction.get(key), self.memory_half_size.get(key)
             if fraction is not None or half is not None:
                 break
@@ -515,7 +523,7 @@ def _kernel_seconds(x: torch.Tensor, x_cat: torch.Tensor, profile: Profile,
         backward = torch.zeros_like(backward)
     grouped = (grouped_conv(x, x_cat) if any(key.startswith(GROUPED_CONV) for key in profile.gemm)
                else torch.zeros_like(backward))
-    optimizer = ((x_cat[:, 3] == OPTIMIZER_PHASE) & ~gemm if OPTIMIZER_MEMORY in profile.memory_fraction
+    optimizer = ((x_cat[:, 3] == OPTIMIZER_PHASE) & ~gemm if profile.optimizer_memory
                  else torch.zeros_like(backward))
     rate = torch.empty_like(flops)
     peaks = [torch.empty_like(flops) for _ in ceilings]

@@ -276,22 +276,29 @@ def _memory_groups(rows: KernelRows, by_category: bool = True, optimizer_memory:
     """The bandwidth curve each row's memory time uses: "memory", or with ``by_category`` for a non-GEMM
     kernel with at least ``MIN_GROUP_ROWS`` of its (category, dtype) "memory:<category>:<dtype>" (the
     memory curve at the pair's own peak fraction and half size); without it, for a category of
-    ``own_memory`` "memory:<category>" (over every dtype). With ``optimizer_memory`` every non-GEMM kernel
-    of the optimizer phase takes "memory:@optimizer" (``prior.OPTIMIZER_MEMORY``) before any of those."""
+    ``own_memory`` "memory:<category>" (over every dtype). With ``optimizer_memory`` a non-GEMM kernel of
+    the optimizer phase takes "memory:@optimizer" (``prior.OPTIMIZER_MEMORY``) before any of those, or with
+    ``by_category`` "memory:@optimizer:<category>:<dtype>" (its pair's curve where that has too few)."""
     optimizer = (rows.optimizer.tolist() if optimizer_memory and rows.optimizer is not None
                  else [False] * len(rows))
 
     def key(c, d, g, o):
         if g:
             return "memory"
+        if by_category:
+            return f"{MEMORY_GROUP}{prior.OPTIMIZER_MEMORY + ':' if o else ''}{c}:{d}"
         if o:
             return MEMORY_GROUP + prior.OPTIMIZER_MEMORY
-        if by_category:
-            return f"{MEMORY_GROUP}{c}:{d}"
         return MEMORY_GROUP + c if c in own_memory else "memory"
     keys = [key(*k) for k in zip(rows.category, rows.dtype, rows.gemm.tolist(), optimizer)]
     counts = Counter(keys)
-    return [k if counts[k] >= MIN_GROUP_ROWS else "memory" for k in keys]
+
+    def enough(k):  # an optimizer-phase pair with too few kernels takes its pair's curve, as priced
+        if counts[k] >= MIN_GROUP_ROWS or k == "memory":
+            return k
+        pair = k.replace(prior.OPTIMIZER_MEMORY + ":", "")
+        return pair if pair != k and counts[pair] >= MIN_GROUP_ROWS else "memory"
+    return [enough(k) for k in keys]
 
 
 def _memory_params(params: dict, name: str) -> torch.Tensor:
@@ -561,8 +568,8 @@ def _prior_seconds(rows: KernelRows, profile: prior.Profile) -> torch.Tensor:
     compute = rows.flops / (rates * eff)
     bandwidth = torch.empty_like(rows.seconds)
     category, dtype = np.array(rows.category), np.array(rows.dtype)
-    optimizer = ((rows.optimizer & ~rows.gemm) if rows.optimizer is not None
-                 and prior.OPTIMIZER_MEMORY in profile.memory_fraction else torch.zeros(len(rows), dtype=torch.bool))
+    optimizer = ((rows.optimizer & ~rows.gemm) if rows.optimizer is not None and profile.optimizer_memory
+                 else torch.zeros(len(rows), dtype=torch.bool))
     for c, d, o in set(zip(rows.category, rows.dtype, optimizer.tolist())):
         m = torch.from_numpy((category == c) & (dtype == d)) & (optimizer == o)
         bandwidth[m] = profile.memory_curve(c, d, o)(rows.moved[m])

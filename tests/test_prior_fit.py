@@ -843,6 +843,12 @@ def test_kernel_classes_give_the_optimizer_phase_random_and_norms_their_own_curv
         return float((prior_fit._prior_seconds(part, prior_fit.device_profile(CPU, fitted)) / part.seconds - 1)
                      .abs().median())
     assert optimizer_error(fitted) < 0.1 < 0.25 < optimizer_error(without)
+    # a fit that gives every (category, dtype) its own curve gives the optimizer phase's pairs theirs
+    by_pair = prior_fit.fit_device(rows, CPU, optimizer_memory=True, own_vector=("random",),
+                                   **{**kw, "memory_by_category": True})
+    assert set(by_pair["memory_fraction"]) == {f"{prior.OPTIMIZER_MEMORY}:elementwise:fp32", "elementwise:fp32",
+                                               "norm:fp32", "random:fp32"}
+    assert optimizer_error(by_pair) < 0.1
 
     x = torch.zeros(2, NODE_FEATURES)  # one element-wise node in the forward phase, one in the optimizer's
     x[:, 1] = x[:, 2] = math.log2(1 + 5e5)
