@@ -1,6 +1,9 @@
-"""Where the physical prior's step error comes from, on a GPU folder with per-op profiles.
+"""Where the physical prior's step error comes from, on a dataset folder with per-op profiles.
 
     python benchmarks/prior_error_sources.py --data datasets/h200
+
+A CPU folder is priced with its own kind's section (``kind_profile``: the descriptor of its records' CPU),
+not the reference CPU's.
 
 Every profiled configuration is priced twice through the same step model (``prior.graph_phase_ms``: one
 launch queue through forward, backward and optimizer, with the calibration's host costs):
