@@ -569,7 +569,8 @@ def main() -> None:
                          "(prior_fit.fit_device: optimizer_memory, own_vector=random, own_memory=norm): the optimizer "
                          "phase's non-GEMM kernels a bandwidth curve, the random generator's kernels their own "
                          "vector peak fraction, the norms a bandwidth curve over every dtype (declared in "
-                         "2026-11-26's seventeenth session; README *The CPU prior*)")
+                         "2026-11-26's seventeenth session, it passed on both AMD kinds and failed on the Intel "
+                         "kind twice, so it stays off; README *The CPU prior*)")
     ap.add_argument("--no-intensity", action="store_true",
                     help="with --profiles: curves by kernel size alone, without the arithmetic-intensity ramp")
     ap.add_argument("--neusight", type=Path, help="a checkout of github.com/sitfor/NeuSight (re-fits h100)")

@@ -60,11 +60,12 @@ CALIBRATION_FILE = Path(__file__).with_name("prior_calibration.json")
 TC_COLUMN = 13  # graph.py node features: tensor-core flag
 GEMM_CATEGORIES = tuple(ops.CATEGORIES.index(c) for c in ops.TENSOR_CORE_CATEGORIES)
 BACKWARD_PHASE = PHASES.index("backward")
+"""``x_cat[:, 3]`` of a backward kernel."""
 OPTIMIZER_PHASE = PHASES.index("optimizer")
+"""``x_cat[:, 3]`` of a kernel of the optimizer step."""
 OPTIMIZER_MEMORY = "@optimizer"
 """The ``memory_fraction`` / ``memory_half_size`` key of the optimizer phase's non-GEMM kernels, where a
 fit gave them a bandwidth curve of their own (``Profile.memory_curve``)."""
-"""``x_cat[:, 3]`` of a backward kernel."""
 BACKWARD_CURVES = ("conv", "attention")
 """GEMM-like categories whose backward is one fused node (``convolution_backward``, an attention's
 backward) running other kernels than the forward: where a calibration has a "<category>_backward:<dtype>"

@@ -387,7 +387,7 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
     (``prior.Profile.conv_intensity``). With ``channel_ramp`` each batch-norm op (forward, backward) gets a
     ramp in its channels (``prior.Profile.channel_ramp``) fitted with the curves. ``optimizer_memory`` gives
     the optimizer phase's non-GEMM kernels a bandwidth curve of their own (``prior.OPTIMIZER_MEMORY``: its
-    peak fraction and half size); ``own_vector`` categories their own peak fraction of the vector curve and
+    peak fraction and half size; one per category and dtype with ``memory_by_category``); ``own_vector`` categories their own peak fraction of the vector curve and
     ``own_memory`` categories their own bandwidth curve where ``vector_by_category`` and
     ``memory_by_category`` pool the others (on the CPU kinds here the random generator's kernels price at
     0.11-0.14 of their time with the pooled vector curve, and the optimizer's in-place updates of 10 KB-1 MB
