@@ -557,8 +557,8 @@ def main() -> None:
     ap.add_argument("--conv-gemm-intensity", action="store_true",
                     help="with --profiles: a dense convolution's curve ramps with the intensity of the implicit GEMM "
                          "it runs as (its im2col operand in full), not its tensors' bytes (prior.Profile."
-                         "conv_intensity; declared and scored on the H200 in 2026-11-26's sixteenth session, it failed, off; "
-                         "README *Analytic H100 mode*)")
+                         "conv_intensity; declared and scored on the H200 in 2026-11-26's sixteenth session, it "
+                         "failed, off; README *Analytic H100 mode*)")
     ap.add_argument("--no-bn-channel-ramp", action="store_true",
                     help="with --profiles on a GPU: leave out the batch norms' ramp in their channels (one thread "
                          "block per channel: prior.Profile.channel_ramp), a GPU fit's default since it passed its "

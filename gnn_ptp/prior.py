@@ -348,6 +348,15 @@ def batch_norm_channels(x: torch.Tensor, x_cat: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def optimizer_memory_rows(optimizer_phase: torch.Tensor, gemm: torch.Tensor, profile: "Profile") -> torch.Tensor:
+    """Per node (bool [N]), whether it is priced by the optimizer phase's own bandwidth curve
+    (``Profile.memory_curve(..., optimizer=True)``): a non-GEMM kernel of that phase, where the profile has
+    such a curve; all False otherwise. ``_kernel_seconds`` and ``prior_fit``'s pricing both ask here."""
+    if not profile.optimizer_memory:
+        return torch.zeros_like(gemm, dtype=torch.bool)
+    return optimizer_phase & ~gemm
+
+
 def channel_ramp_factor(channels: torch.Tensor, backward: torch.Tensor,
                         ramp: dict[str, tuple[float, float]]) -> torch.Tensor:
     """Per node the factor ``Profile.channel_ramp`` multiplies a batch norm's time by, ``1 + (half /
@@ -524,8 +533,7 @@ def _kernel_seconds(x: torch.Tensor, x_cat: torch.Tensor, profile: Profile,
         backward = torch.zeros_like(backward)
     grouped = (grouped_conv(x, x_cat) if any(key.startswith(GROUPED_CONV) for key in profile.gemm)
                else torch.zeros_like(backward))
-    optimizer = ((x_cat[:, 3] == OPTIMIZER_PHASE) & ~gemm if profile.optimizer_memory
-                 else torch.zeros_like(backward))
+    optimizer = optimizer_memory_rows(x_cat[:, 3] == OPTIMIZER_PHASE, gemm, profile)
     rate = torch.empty_like(flops)
     peaks = [torch.empty_like(flops) for _ in ceilings]
     efficiency = torch.empty_like(flops)

@@ -387,9 +387,9 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
     (``prior.Profile.conv_intensity``). With ``channel_ramp`` each batch-norm op (forward, backward) gets a
     ramp in its channels (``prior.Profile.channel_ramp``) fitted with the curves. ``optimizer_memory`` gives
     the optimizer phase's non-GEMM kernels a bandwidth curve of their own (``prior.OPTIMIZER_MEMORY``: its
-    peak fraction and half size; one per category and dtype with ``memory_by_category``); ``own_vector`` categories their own peak fraction of the vector curve and
-    ``own_memory`` categories their own bandwidth curve where ``vector_by_category`` and
-    ``memory_by_category`` pool the others (on the CPU kinds here the random generator's kernels price at
+    peak fraction and half size; one per category and dtype with ``memory_by_category``); ``own_vector``
+    categories their own peak fraction of the vector curve and ``own_memory`` categories their own
+    bandwidth curve where ``vector_by_category`` and ``memory_by_category`` pool the others (on the CPU kinds here the random generator's kernels price at
     0.11-0.14 of their time with the pooled vector curve, and the optimizer's in-place updates of 10 KB-1 MB
     at 1.2-1.7x theirs: README, *The CPU prior*)."""
     law, rows = _depthwise_apart(rows, fresh) if depthwise else ({}, rows)
@@ -568,8 +568,8 @@ def _prior_seconds(rows: KernelRows, profile: prior.Profile) -> torch.Tensor:
     compute = rows.flops / (rates * eff)
     bandwidth = torch.empty_like(rows.seconds)
     category, dtype = np.array(rows.category), np.array(rows.dtype)
-    optimizer = ((rows.optimizer & ~rows.gemm) if rows.optimizer is not None and profile.optimizer_memory
-                 else torch.zeros(len(rows), dtype=torch.bool))
+    optimizer = prior.optimizer_memory_rows(rows.optimizer if rows.optimizer is not None
+                                            else torch.zeros(len(rows), dtype=torch.bool), rows.gemm, profile)
     for c, d, o in set(zip(rows.category, rows.dtype, optimizer.tolist())):
         m = torch.from_numpy((category == c) & (dtype == d)) & (optimizer == o)
         bandwidth[m] = profile.memory_curve(c, d, o)(rows.moved[m])
