@@ -356,6 +356,11 @@ SHIFT_PENALTY = 1e-3
 curve the pooled one, which the categories without a fraction of their own use."""
 
 
+FRESH_INIT_S_PER_BYTE = 0.3e-3 / 2 ** 20
+"""Where ``fit_device`` starts a fitted fresh-allocation cost: 0.3 ms per MiB, between the two CPU kinds
+measured by ``descriptor.measure_fresh_alloc`` (0.25 and 0.36)."""
+
+
 def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: bool = True,
                intensity: bool = True, vector_by_category: bool = True, memory_by_category: bool = True,
                streaming: tuple[str, ...] | None = None, backward_curves: bool = False,
@@ -376,7 +381,11 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
     AMD kind), so it is off by default (README, *The CPU prior*). ``fresh`` (a CPU kind's measured
     fresh-allocation cost, ``{"threshold_bytes", "s_per_byte"}``: ``descriptor.Descriptor.fresh``) is added
     to every kernel's time before the curves are fitted to the rest, and kept in the result for
-    ``device_profile``. With ``grouped_conv`` a grouped convolution (``prior.grouped_conv``: every depthwise
+    ``device_profile``; with ``{"threshold_bytes": T, "s_per_byte": None}`` the cost per byte above ``T``
+    is fitted with the curves instead (log scale, from ``FRESH_INIT_S_PER_BYTE``; the result's ``fresh``
+    then says ``"fitted"`` and how many kernels it was fitted to; no ``fresh`` where no kernel allocates
+    above ``T``): a CPU kind whose machine can no longer be measured, priced from its own profiles
+    (``benchmarks/fresh_from_profiles.py``). With ``grouped_conv`` a grouped convolution (``prior.grouped_conv``: every depthwise
     one) gets a forward and a backward curve of its own (``prior.GROUPED_CONV``): tried on two CPU kinds
     (2026-11-26), it made DenseNet's left-out steps far better and the random CNNs' and RegNet's far worse
     (their small depthwise and dense-fast group convolutions priced by curves fitted to large depthwise
@@ -392,7 +401,8 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
     bandwidth curve where ``vector_by_category`` and ``memory_by_category`` pool the others (on the CPU kinds here the random generator's kernels price at
     0.11-0.14 of their time with the pooled vector curve, and the optimizer's in-place updates of 10 KB-1 MB
     at 1.2-1.7x theirs: README, *The CPU prior*)."""
-    law, rows = _depthwise_apart(rows, fresh) if depthwise else ({}, rows)
+    fit_fresh = bool(fresh) and fresh.get("s_per_byte") is None
+    law, rows = _depthwise_apart(rows, None if fit_fresh else fresh) if depthwise else ({}, rows)
     if streaming is None:
         streaming = STREAMING if memory_by_category and hw.kind != "cpu" else ()
     groups = _groups(rows, by_category, vector_by_category, backward_curves, grouped_conv, tuple(own_vector))
@@ -428,12 +438,19 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
     weight = rows.seconds.sqrt()
     weight = weight / weight.sum()
     target = torch.log(rows.seconds)
-    faults = None if not fresh else prior.fresh_seconds(rows.fresh, fresh["threshold_bytes"], fresh["s_per_byte"])
+    faults = None if not fresh else prior.fresh_seconds(rows.fresh, fresh["threshold_bytes"],
+                                                        1.0 if fit_fresh else fresh["s_per_byte"])
+    if fit_fresh:  # faults holds the faulted bytes; their cost per byte is fitted with the curves
+        if faults is None or not bool((faults > 0).any()):
+            fresh, faults = None, None  # no kernel allocates above the threshold: nothing to fit it to
+        else:
+            params["fresh"] = torch.tensor(math.log(FRESH_INIT_S_PER_BYTE), dtype=torch.float64, requires_grad=True)
+            opt.add_param_group({"params": [params["fresh"]]})
     for _ in range(steps):
         opt.zero_grad()
         pred = _device_seconds(params, rows, hw, masks, rates, memory_masks, conv_intensity)
         if faults is not None:
-            pred = pred + faults
+            pred = pred + (faults * torch.exp(params["fresh"]) if "fresh" in params else faults)
         loss = (weight * (torch.log(pred) - target) ** 2).sum()
         if shifts:
             loss = loss + SHIFT_PENALTY * sum((params[f"shift:{c}"] ** 2).sum() for c in shifts)
@@ -469,7 +486,11 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
         if "cramp:batch_norm" in params:
             out["channel_ramp"] = {name: [float(v) for v in params[f"cramp:{name}"].exp()]
                                    for name in prior.BATCH_NORM_OPS}
-        if fresh:
+        if fresh and "fresh" in params:
+            out["fresh"] = {"threshold_bytes": float(fresh["threshold_bytes"]),
+                            "s_per_byte": float(torch.exp(params["fresh"])), "fitted": True,
+                            "faulted_kernels": int((faults > 0).sum())}
+        elif fresh:
             out["fresh"] = {"threshold_bytes": float(fresh["threshold_bytes"]), "s_per_byte": float(fresh["s_per_byte"])}
     return out
 

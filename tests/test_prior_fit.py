@@ -381,6 +381,32 @@ def test_a_cpu_fit_with_the_measured_fresh_allocation_cost_prices_large_fresh_ou
     assert prior_fit.kernel_errors(big, prior_fit.device_profile(CPU, blind))["all"]["median_ape"] > 15
 
 
+def test_a_cpu_fit_can_fit_the_fresh_allocation_cost_itself_where_kernels_allocate_above_the_threshold():
+    """SYNTHETIC CPU kernels as above, 0.25 ms per MiB of page faults planted: given only the threshold
+    (``s_per_byte`` None), the fit recovers the cost per byte within 10 % and says it fitted it; on rows
+    where nothing is allocated above the threshold it has nothing to fit and gives no cost at all."""
+    g = torch.Generator().manual_seed(5)
+    n = 3000
+    moved = 10 ** (3 + 6 * torch.rand(n, generator=g, dtype=torch.float64))
+    fresh_out = (torch.rand(n, generator=g) < 0.5) & (moved > 10 ** 8)
+    fresh = torch.stack([torch.where(fresh_out, moved / 3, 0.0)] * 2, 1)
+    rows = prior_fit.KernelRows(moved / 8, moved, ["fp32"] * n, torch.zeros(n, dtype=torch.bool),
+                                torch.zeros(n, dtype=torch.bool), ["elementwise"] * n, ["synthetic"] * n,
+                                torch.zeros(n, dtype=torch.float64), fresh=fresh)
+    planted = 0.25e-3 / 2 ** 20
+    true = dataclasses.replace(prior.profile_from_dict(CPU, CPU_TRUE), fresh_threshold_bytes=32 * 2 ** 20,
+                               fresh_s_per_byte=planted)
+    rows.seconds = prior_fit._prior_seconds(rows, true) * torch.exp(0.03 * torch.randn(n, generator=g, dtype=torch.float64))
+    fitted = prior_fit.fit_device(rows, CPU, steps=1500, intensity=False,
+                                  fresh={"threshold_bytes": 32 * 2 ** 20, "s_per_byte": None})
+    assert fitted["fresh"]["fitted"] and fitted["fresh"]["faulted_kernels"] == int(fresh_out.sum())
+    assert abs(fitted["fresh"]["s_per_byte"] / planted - 1) < 0.10
+    assert prior_fit.device_profile(CPU, fitted).fresh_s_per_byte == fitted["fresh"]["s_per_byte"]
+    small = prior_fit.fit_device(rows, CPU, steps=200, intensity=False,
+                                 fresh={"threshold_bytes": 2.0 ** 40, "s_per_byte": None})
+    assert "fresh" not in small and prior_fit.device_profile(CPU, small).fresh_s_per_byte == 0.0
+
+
 def test_a_cpu_step_is_serial_and_its_host_fit_recovers_the_costs():
     """On a CPU the thread that issues a kernel runs it: a phase is fixed + issues x host + kernels, with
     no queue that could hide the host (SYNTHETIC samples, costs chosen here)."""

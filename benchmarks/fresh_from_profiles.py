@@ -1,0 +1,158 @@
+"""A CPU kind's fresh-allocation cost fitted to its own per-op profiles, against the microbenchmark.
+
+    python benchmarks/fresh_from_profiles.py --data datasets/cpu-amd-epyc-family-26-model-2 datasets/cpu
+    python benchmarks/fresh_from_profiles.py --data datasets/cpu --write-gloo gnn_ptp/interconnects/cpu-gloo.json
+
+glibc maps every allocation above its mmap threshold fresh from the kernel, so a kernel whose output is
+that large pays page faults on top of its work (README *Sharded data parallelism*, fresh buffers).
+``descriptor.measure_fresh_alloc`` measures the cost per MiB on the machine itself; a kind whose machine
+can no longer be measured still has its profiles, in which the kernels that allocate above the threshold
+ran with their faults. Here the cost per byte is fitted with the kind's curves (``prior_fit.fit_device``
+with ``fresh={"threshold_bytes": T, "s_per_byte": None}``, the options of its shipped prior section), to
+the profiled kernels of every family, and printed beside the measured figures where the kind has them:
+its descriptor's one-process cost and its gloo profile's 2- and 4-rank ones.
+
+``--write-gloo P`` puts the fitted figure into gloo profile P's FSDP fresh-buffer cost, where P has none
+measured: at 2 ranks the fitted one-process cost (each rank on a core of its own; on the two measured
+kinds the 2-rank figure is within 3 % of the one-process one), at more ranks than the profile's machine
+has cores that cost times ranks per core (4 ranks on 2 cores: 2x; measured 2.03x and 2.18x). The
+descriptor and the prior are left alone: the kernels that fit it are one family's (VGG's, on the first
+kind), which a prior left out family by family would otherwise see in that family's own fold.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+THRESHOLD_BYTES = 33_423_360
+"""glibc's mmap threshold as bisected on both measured CPU kinds (``fsdp_overheads.measure_fresh``): just
+under its 32 MiB ceiling (``DEFAULT_MMAP_THRESHOLD_MAX``), to which the dynamic threshold rises."""
+
+MIB = 2 ** 20
+
+
+def fit_kind(data: Path, steps: int = 1500) -> dict:
+    """The fitted cost of ``data``'s kind and what it was fitted to; the measured figures beside it."""
+    import torch
+
+    from benchmarks.calibrate_prior import _first_env, cpu_section_name
+    from gnn_ptp import descriptor, prior, prior_fit
+    from gnn_ptp.prior import CALIBRATION_FILE
+
+    t0 = time.time()
+    hw, samples, seconds = prior_fit.load_profiled(data)
+    if hw.kind != "cpu":
+        raise SystemExit(f"--data {data}: a {hw.kind}'s dataset; a fresh-allocation cost is a CPU's")
+    env = _first_env(data)
+    desc = descriptor.for_env(env)
+    table = json.loads(CALIBRATION_FILE.read_text())
+    section = table.get(cpu_section_name(env.get("cpu_kind") or env.get("cpu_model") or "", table), {})
+    kw = {"vector_by_category": "vector_fraction" in section, "memory_by_category": "memory_fraction" in section,
+          "depthwise": True, **({"conv_intensity": section["conv_intensity"]} if section.get("conv_intensity") else {})}
+    rows = prior_fit.kernel_rows(samples, seconds)
+    faulted = prior.fresh_seconds(rows.fresh, THRESHOLD_BYTES, 1.0)
+    families = Counter(f for f, b in zip(rows.family, (faulted > 0).tolist()) if b) if faulted is not None else {}
+    fitted = prior_fit.fit_device(rows, hw, steps=steps, fresh={"threshold_bytes": THRESHOLD_BYTES, "s_per_byte": None},
+                                  **kw)
+    fresh = fitted.get("fresh")
+    measured = desc.fresh()
+    gloo = _gloo_figures(desc.name)
+    return {"kind": desc.name, "data": str(data), "kernels": len(rows), "faulted_kernels": dict(families),
+            "faulted_MiB": float(faulted.sum()) / MIB if faulted is not None else 0.0,
+            "options": kw, "fitted_ms_per_MiB": fresh["s_per_byte"] * MIB * 1e3 if fresh else None,
+            "measured_ms_per_MiB": measured["s_per_byte"] * MIB * 1e3 if measured else None,
+            "measured_source": desc.fresh_alloc.get("source") if measured else None,
+            "gloo_ms_per_MiB": gloo, "wall_s": round(time.time() - t0, 1),
+            "torch": torch.__version__}
+
+
+def _gloo_figures(kind: str) -> dict:
+    """The kind's shipped gloo profile's FSDP fresh-buffer cost per rank count (ms per MiB), if any."""
+    import gnn_ptp
+
+    name = "cpu-gloo" if kind == "amd-epyc" else f"cpu-gloo-{kind}"
+    path = Path(gnn_ptp.__file__).parent / "interconnects" / f"{name}.json"
+    if not path.is_file():
+        return {}
+    fsdp = json.loads(path.read_text()).get("fsdp", {})
+    return {r: v["fresh"]["ms_per_MiB"] for r, v in sorted(fsdp.items()) if (v.get("fresh") or {}).get("ms_per_MiB")}
+
+
+def write_gloo(path: Path, result: dict, cores: int) -> dict:
+    """``path`` (a gloo profile with FSDP overheads and no fresh-buffer figure) with ``result``'s fitted
+    cost as its fresh-buffer figure per rank count, written atomically; returns the figures written."""
+    from gnn_ptp.store import atomic_write_text
+
+    profile = json.loads(path.read_text())
+    fsdp = profile.get("fsdp") or {}
+    if not fsdp:
+        raise SystemExit(f"--write-gloo {path}: no FSDP overheads measured in it (calibrate-comm --fsdp)")
+    if any((v.get("fresh") or {}).get("ms_per_MiB") for v in fsdp.values()):
+        raise SystemExit(f"--write-gloo {path}: it has a measured fresh-buffer cost already; a fitted one "
+                         "does not replace a measurement")
+    if result["fitted_ms_per_MiB"] is None:
+        raise SystemExit(f"--write-gloo {path}: no kernel of {result['data']} allocates above the threshold, "
+                         "so nothing was fitted")
+    written = {}
+    for ranks, v in fsdp.items():
+        per_core = max(1.0, int(ranks) / cores)
+        ms = result["fitted_ms_per_MiB"] * per_core
+        v["fresh"] = {"threshold_bytes": THRESHOLD_BYTES, "ms_per_MiB": ms, "rows": [],
+                      "source": (f"fitted, not measured: benchmarks/fresh_from_profiles.py on {result['data']}'s "
+                                 f"per-op profiles ({sum(result['faulted_kernels'].values())} kernels allocating "
+                                 f"above the threshold: {', '.join(sorted(result['faulted_kernels']))}), "
+                                 f"{result['fitted_ms_per_MiB']:.3f} ms per MiB in one process, x {per_core:g} "
+                                 f"for {ranks} ranks on {cores} cores")}
+        written[ranks] = ms
+    atomic_write_text(json.dumps(profile, indent=1) + "\n", path)
+    return written
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", nargs="+", type=Path, required=True, help="CPU dataset folders with per-op profiles")
+    ap.add_argument("--steps", type=int, default=1500, help="optimizer steps of the fit (prior_fit.fit_device)")
+    ap.add_argument("--json", type=Path, help="also write the rows here")
+    ap.add_argument("--write-gloo", type=Path, metavar="PROFILE",
+                    help="write the (one) --data kind's fitted cost into this gloo profile's FSDP fresh-buffer "
+                         "figures, where it has none measured")
+    ap.add_argument("--cores", type=int, default=2, help="--write-gloo: cores of the profile's machine (default 2)")
+    args = ap.parse_args()
+    if args.write_gloo and len(args.data) != 1:
+        ap.error("--write-gloo takes one --data folder, the kind the profile was measured on")
+    for d in args.data:
+        if not d.is_dir():
+            ap.error(f"--data {d}: not a folder")
+    results = []
+    print(f"{'kind':<48} {'faulted kernels':>16} {'fitted':>8} {'measured':>9} {'ratio':>6} {'gloo 2 / 4 ranks':>18}")
+    for d in args.data:
+        r = fit_kind(d, args.steps)
+        results.append(r)
+        fit, meas = r["fitted_ms_per_MiB"], r["measured_ms_per_MiB"]
+        ratio = f"{fit / meas:.2f}" if fit and meas else "-"
+        gloo = " / ".join(f"{v:.3f}" for v in r["gloo_ms_per_MiB"].values()) or "-"
+        print(f"{r['kind']:<48} {sum(r['faulted_kernels'].values()):>16} "
+              f"{(f'{fit:.3f}' if fit else '-'):>8} {(f'{meas:.3f}' if meas else '-'):>9} {ratio:>6} {gloo:>18}")
+        print(f"  families {r['faulted_kernels']}, {r['faulted_MiB']:.0f} MiB faulted, options {r['options']}, "
+              f"{r['wall_s']} s")
+    print("ms per MiB above the threshold; fitted: with the curves to the kind's profiles; measured: "
+          "its descriptor's one-process figure (descriptor.measure_fresh_alloc or its gloo 2-rank one)")
+    if args.json:
+        from gnn_ptp.store import atomic_write_text
+
+        atomic_write_text(json.dumps(results, indent=1) + "\n", args.json)
+    if args.write_gloo:
+        written = write_gloo(args.write_gloo, results[0], args.cores)
+        print(f"wrote {args.write_gloo}: " + ", ".join(f"{k} ranks {v:.3f} ms per MiB" for k, v in written.items()))
+
+
+if __name__ == "__main__":
+    main()
