@@ -306,7 +306,7 @@ def run_train(args) -> int:
 PROTOCOL_ONLY = {"config": None, "epochs": None, "patience": None, "families": None, "seeds": "0",
                  "variants": "gnn,gnn-prior", "threads": None, "bootstrap": 2000, "shipped_prior": False,
                  "jobs": 1, "hardware_folds": "all", "hardware_transfer": "nearest",
-                 "transfer_mode": "split", "no_depthwise_law": False}
+                 "transfer_mode": "split", "no_depthwise_law": False, "refit_per_category": False}
 """``evaluate``'s options that only a --protocol run reads, with their defaults."""
 
 
@@ -354,6 +354,10 @@ def add_evaluate_parser(sub) -> None:
                    help="CPU data with per-op profiles: the prior refitted in every fold prices depthwise "
                         "convolutions by its FLOPs curves, as before 2026-11-26, instead of a power law in their "
                         "shape (the default: README *The CPU prior*)")
+    g.add_argument("--refit-per-category", action="store_true",
+                   help="data with per-op profiles: the prior refitted in every fold takes per-category vector "
+                        "and bandwidth curves and no batch-norm ramp, as before 2026-11-26's eighteenth session, "
+                        "instead of the options its shipped section was fitted with (the default)")
     g.add_argument("--bootstrap", type=_positive_int, default=PROTOCOL_ONLY["bootstrap"],
                    help="bootstrap resamples (default 2000)")
     g.add_argument("--shipped-prior", action="store_true",
@@ -414,7 +418,7 @@ def run_protocol(args) -> int:
                     threads=args.threads, bootstrap=args.bootstrap, refit_prior=not args.shipped_prior,
                     jobs=args.jobs, hardware_folds=args.hardware_folds,
                     hardware_transfer=args.hardware_transfer, transfer_mode=args.transfer_mode,
-                    depthwise_law=not args.no_depthwise_law)
+                    depthwise_law=not args.no_depthwise_law, refit_as_shipped=not args.refit_per_category)
     result = run(args.protocol, args.data, args.config, budget, strict=args.strict)
     print(json.dumps(result, indent=2) if args.json else format_result(result))
     return 0

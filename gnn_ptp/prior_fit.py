@@ -744,6 +744,18 @@ def fit(samples: list, node_seconds: dict, hw: Hardware, max_rows: int | None = 
     return fitted, device_profile(hw, fitted, host, fixed), report
 
 
+def section_options(section: dict) -> dict:
+    """``fit_device``'s curve options a shipped calibration section (``prior_calibration.json``) was fitted
+    with, read from what it carries: per-category vector fractions and bandwidth curves only where it has
+    them (the AMD CPU kinds ship pooled ones: ``calibrate_prior.py --pooled-vector --pooled-memory``), the
+    batch norms' channel ramp and a convolution intensity where it has them. The depthwise law and a CPU's
+    fresh-allocation cost are the caller's (``protocol.PriorRefit``)."""
+    return {"vector_by_category": bool(section.get("vector_fraction")),
+            "memory_by_category": bool(section.get("memory_fraction")),
+            "channel_ramp": bool(section.get("channel_ramp")),
+            "conv_intensity": section.get("conv_intensity") or "tensor"}
+
+
 MAX_ROWS = 80_000
 """Kernel rows a device fit draws at most when it fits many times (its cost grows with rows)."""
 

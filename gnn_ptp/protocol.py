@@ -98,6 +98,11 @@ class Budget:
     """A CPU kind's prior refitted in every fold prices depthwise convolutions by a power law in their
     shape (``prior_fit.fit(depthwise=True)``, ``PriorRefit.depthwise_law``; since 2026-11-26: each family
     left out on the first CPU kind, the residual GNN 19.9 -> 13.8 %, README *The CPU prior*)."""
+    refit_as_shipped: bool = True
+    """The prior refitted in every fold uses the curve options its hardware's shipped section was fitted
+    with (``prior_fit.section_options``: pooled or per-category vector and bandwidth curves, the batch
+    norms' channel ramp), so that the protocol scores the prior that ships; False: ``fit_device``'s
+    defaults (per-category, no ramp), the form before the eighteenth session (2026-11-26)."""
     jobs: int = 1
     """Folds trained at once, each in a forked worker process (``threads`` torch threads each, 1 when
     unset): a leave-one-family-out run is 17 independent folds per seed. Same results as one at a time."""
@@ -215,6 +220,9 @@ class PriorRefit:
     depthwise_law: bool = True
     """A CPU kind's fit prices depthwise convolutions by a power law in their shape (``Profile.depthwise``;
     a GPU's never: not scored there)."""
+    options: dict = dataclasses.field(default_factory=dict)
+    """Per hardware name, ``prior_fit.fit_device``'s curve options for its refit (``prior_fit.section_options``
+    of its shipped section; empty: the defaults)."""
     transfer: str = "nearest"
     """A kind only tested on, with several training kinds in the fold: priced by the prior of the one whose
     ceilings are nearest (``descriptor.ceiling_gap``), or by the geometric mean of every training kind's
@@ -245,7 +253,8 @@ class PriorRefit:
             hw = desc.profile().hardware if desc is not None and desc.kind == "cpu" else get_hardware(name)
             fresh = desc.fresh() if desc is not None else None  # a CPU kind's measured page-fault cost
             _, fitted[name], _ = prior_fit.fit(own, seconds, hw, max_rows=self.max_rows, fresh=fresh,
-                                               depthwise=self.depthwise_law and hw.kind == "cpu")
+                                               depthwise=self.depthwise_law and hw.kind == "cpu",
+                                               **self.options.get(name, {}))
             self._price(parts, name, fitted[name])
             info[name] = {"fit_steps": len(own), "fit_s": round(time.perf_counter() - tick, 1)}
         tested = {s.hardware_name for s in parts["test"]} - trained
@@ -289,12 +298,12 @@ which the shipped one was fitted to the steps under test and no training kind ha
 
 
 def prior_refit(data_dirs, log, strict: bool = False, transfer: str = "nearest",
-                mode: str = "ceilings", depthwise_law: bool = True) -> PriorRefit | None:
+                mode: str = "ceilings", depthwise_law: bool = True, as_shipped: bool = False) -> PriorRefit | None:
     """``PriorRefit`` for the folders of ``data_dirs`` whose records have per-op profiles, GPU or CPU (None
-    when there is none)."""
-    from gnn_ptp import descriptor, node_labels
+    when there is none); with ``as_shipped`` each refitted with its shipped section's curve options."""
+    from gnn_ptp import descriptor, node_labels, prior
 
-    seconds, descriptors = {}, {}
+    seconds, descriptors, options = {}, {}, {}
     for d in data_dirs:
         own = dataset.measured_configs(d, strict=strict)
         desc = descriptor.for_env(own[0].env or {"hardware": own[0].hardware})
@@ -304,7 +313,12 @@ def prior_refit(data_dirs, log, strict: bool = False, transfer: str = "nearest",
         log(f"{d}: the {desc.name} prior is refitted in every fold to the fold's training configurations "
             "(per-op profiles; the shipped one has seen most families)")
         seconds[desc.name] = node_labels.node_seconds(d, own)
-    return (PriorRefit(seconds, descriptors=descriptors, transfer=transfer, mode=mode, depthwise_law=depthwise_law)
+        section = prior.calibration().get(desc.curves_section()) if as_shipped else None
+        if section:
+            options[desc.name] = prior_fit.section_options(section)
+            log(f"{d}: refitted with the options of its shipped section {desc.curves_section()!r}: {options[desc.name]}")
+    return (PriorRefit(seconds, descriptors=descriptors, transfer=transfer, mode=mode, depthwise_law=depthwise_law,
+                       options=options)
             if seconds else None)
 
 
@@ -470,7 +484,8 @@ def run(protocol: str, data_dirs, config=None, budget: Budget = Budget(), log=No
         _check_kinds(data_dirs, strict)  # from the records alone, before any graph is traced
     measured, samples, repeats = loaded or load(data_dirs, base.model.precision_aware, log, strict,
                                                 node_labels=bool(base.node_weight))
-    refit = (prior_refit(data_dirs, log, strict, budget.hardware_transfer, budget.transfer_mode, budget.depthwise_law)
+    refit = (prior_refit(data_dirs, log, strict, budget.hardware_transfer, budget.transfer_mode, budget.depthwise_law,
+                         budget.refit_as_shipped)
              if budget.refit_prior else None)
     rng = np.random.default_rng(0)
     start = time.perf_counter()

@@ -300,6 +300,45 @@ def test_protocol_refits_a_cpu_kind_s_prior_with_the_depthwise_law_by_default_ne
     assert asked == [("cpu", False), ("cpu", True), ("gpu", False), ("gpu", False)]
 
 
+def test_section_options_read_how_a_shipped_section_was_fitted():
+    """``prior_fit.section_options``: pooled curves where a section carries no per-category fractions (the
+    AMD CPU kinds' shipped sections), per-category ones and the channel ramp where it does (the GPU's),
+    checked on SYNTHETIC sections and on the shipped file's."""
+    from gnn_ptp import prior
+
+    assert prior_fit.section_options({"gemm": {}}) == {"vector_by_category": False, "memory_by_category": False,
+                                                       "channel_ramp": False, "conv_intensity": "tensor"}
+    full = {"vector_fraction": {"norm": 0.5}, "memory_fraction": {"copy:fp32": 1.0}, "channel_ramp": {"x": [1, 1]},
+            "conv_intensity": "gemm"}
+    assert prior_fit.section_options(full) == {"vector_by_category": True, "memory_by_category": True,
+                                               "channel_ramp": True, "conv_intensity": "gemm"}
+    table = prior.calibration()
+    assert not prior_fit.section_options(table["cpu"])["vector_by_category"]
+    assert prior_fit.section_options(table["h100"])["channel_ramp"]
+
+
+def test_protocol_refits_a_prior_with_the_options_it_is_given_per_hardware(monkeypatch):
+    """``PriorRefit(options=...)`` hands each hardware's curve options (its shipped section's, by
+    ``protocol.prior_refit(as_shipped=True)``) to ``prior_fit.fit``; a hardware without any gets the
+    defaults (SYNTHETIC samples; the fit is stubbed to record what it was asked)."""
+    from gnn_ptp.protocol import PriorRefit
+
+    asked = []
+
+    def fit(samples, seconds, hw, max_rows=None, **kw):
+        asked.append({k: kw.get(k) for k in ("vector_by_category", "channel_ramp")})
+        raise StopIteration
+    monkeypatch.setattr(prior_fit, "fit", fit)
+    s = _sample(10, 1e-6, "a")
+    s.key, s.hardware_name = "a-10", "h200"
+    parts = {"train": [s], "val": [], "test": []}
+    for options in ({"h200": {"vector_by_category": False, "channel_ramp": True}}, {}):
+        with pytest.raises(StopIteration):
+            PriorRefit({"h200": {}}, options=options).apply(parts)
+    assert asked == [{"vector_by_category": False, "channel_ramp": True},
+                     {"vector_by_category": None, "channel_ramp": None}]
+
+
 def test_the_subsample_does_not_depend_on_the_order_configurations_come_in():
     """SYNTHETIC rows of two 'configurations', each with its ``row_draws``: concatenated in either order,
     the subsample keeps the same rows (the per-fold prior of a protocol run does not follow its seed)."""
