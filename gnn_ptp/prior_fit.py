@@ -385,10 +385,10 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
     is fitted with the curves instead (log scale, from ``FRESH_INIT_S_PER_BYTE``; the result's ``fresh``
     then says ``"fitted"`` and how many kernels it was fitted to; no ``fresh`` where no kernel allocates
     above ``T``): a CPU kind whose machine can no longer be measured, priced from its own profiles
-    (``benchmarks/fresh_from_profiles.py``). With ``grouped_conv`` a grouped convolution (``prior.grouped_conv``: every depthwise
-    one) gets a forward and a backward curve of its own (``prior.GROUPED_CONV``): tried on two CPU kinds
-    (2026-11-26), it made DenseNet's left-out steps far better and the random CNNs' and RegNet's far worse
-    (their small depthwise and dense-fast group convolutions priced by curves fitted to large depthwise
+    (``benchmarks/fresh_from_profiles.py``). With ``grouped_conv`` a grouped convolution
+    (``prior.grouped_conv``: every depthwise one) gets a forward and a backward curve of its own
+    (``prior.GROUPED_CONV``): tried on two CPU kinds (2026-11-26), it made DenseNet's left-out steps far
+    better and the random CNNs' and RegNet's far worse (their small depthwise and dense-fast group convolutions priced by curves fitted to large depthwise
     ones), so it is off by default (README, *The CPU prior*). With ``depthwise`` each (direction, dtype) with
     at least ``MIN_GROUP_ROWS`` depthwise-like convolutions (``prior.depthwise_shapes``) gets a power law in
     their shape (``fit_depthwise``, ``prior.Profile.depthwise``) and the curves are fitted to the other
@@ -398,9 +398,9 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
     the optimizer phase's non-GEMM kernels a bandwidth curve of their own (``prior.OPTIMIZER_MEMORY``: its
     peak fraction and half size; one per category and dtype with ``memory_by_category``); ``own_vector``
     categories their own peak fraction of the vector curve and ``own_memory`` categories their own
-    bandwidth curve where ``vector_by_category`` and ``memory_by_category`` pool the others (on the CPU kinds here the random generator's kernels price at
-    0.11-0.14 of their time with the pooled vector curve, and the optimizer's in-place updates of 10 KB-1 MB
-    at 1.2-1.7x theirs: README, *The CPU prior*)."""
+    bandwidth curve where ``vector_by_category`` and ``memory_by_category`` pool the others (on the CPU
+    kinds here the random generator's kernels price at 0.11-0.14 of their time with the pooled vector
+    curve, and the optimizer's in-place updates of 10 KB-1 MB at 1.2-1.7x theirs: README, *The CPU prior*)."""
     fit_fresh = bool(fresh) and fresh.get("s_per_byte") is None
     law, rows = _depthwise_apart(rows, None if fit_fresh else fresh) if depthwise else ({}, rows)
     if streaming is None:
@@ -491,7 +491,8 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
                             "s_per_byte": float(torch.exp(params["fresh"])), "fitted": True,
                             "faulted_kernels": int((faults > 0).sum())}
         elif fresh:
-            out["fresh"] = {"threshold_bytes": float(fresh["threshold_bytes"]), "s_per_byte": float(fresh["s_per_byte"])}
+            out["fresh"] = {"threshold_bytes": float(fresh["threshold_bytes"]),
+                            "s_per_byte": float(fresh["s_per_byte"])}
     return out
 
 

@@ -316,7 +316,8 @@ def prior_refit(data_dirs, log, strict: bool = False, transfer: str = "nearest",
         section = prior.calibration().get(desc.curves_section()) if as_shipped else None
         if section:
             options[desc.name] = prior_fit.section_options(section)
-            log(f"{d}: refitted with the options of its shipped section {desc.curves_section()!r}: {options[desc.name]}")
+            log(f"{d}: refitted with the options of its shipped section {desc.curves_section()!r}: "
+                f"{options[desc.name]}")
     return (PriorRefit(seconds, descriptors=descriptors, transfer=transfer, mode=mode, depthwise_law=depthwise_law,
                        options=options)
             if seconds else None)

@@ -435,7 +435,8 @@ def test_a_cpu_fit_can_fit_the_fresh_allocation_cost_itself_where_kernels_alloca
     planted = 0.25e-3 / 2 ** 20
     true = dataclasses.replace(prior.profile_from_dict(CPU, CPU_TRUE), fresh_threshold_bytes=32 * 2 ** 20,
                                fresh_s_per_byte=planted)
-    rows.seconds = prior_fit._prior_seconds(rows, true) * torch.exp(0.03 * torch.randn(n, generator=g, dtype=torch.float64))
+    noise = torch.exp(0.03 * torch.randn(n, generator=g, dtype=torch.float64))
+    rows.seconds = prior_fit._prior_seconds(rows, true) * noise
     fitted = prior_fit.fit_device(rows, CPU, steps=1500, intensity=False,
                                   fresh={"threshold_bytes": 32 * 2 ** 20, "s_per_byte": None})
     assert fitted["fresh"]["fitted"] and fitted["fresh"]["faulted_kernels"] == int(fresh_out.sum())
