@@ -388,8 +388,8 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
     (``benchmarks/fresh_from_profiles.py``). With ``grouped_conv`` a grouped convolution
     (``prior.grouped_conv``: every depthwise one) gets a forward and a backward curve of its own
     (``prior.GROUPED_CONV``): tried on two CPU kinds (2026-11-26), it made DenseNet's left-out steps far
-    better and the random CNNs' and RegNet's far worse (their small depthwise and dense-fast group convolutions priced by curves fitted to large depthwise
-    ones), so it is off by default (README, *The CPU prior*). With ``depthwise`` each (direction, dtype) with
+    better and the random CNNs' and RegNet's far worse (their small depthwise and dense-fast group
+    convolutions priced by curves fitted to large depthwise ones), so it is off by default (README, *The CPU prior*). With ``depthwise`` each (direction, dtype) with
     at least ``MIN_GROUP_ROWS`` depthwise-like convolutions (``prior.depthwise_shapes``) gets a power law in
     their shape (``fit_depthwise``, ``prior.Profile.depthwise``) and the curves are fitted to the other
     rows. ``conv_intensity="gemm"`` ramps a dense convolution's curve with its implicit GEMM's intensity
