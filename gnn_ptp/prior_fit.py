@@ -367,40 +367,40 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
                fresh: dict | None = None, grouped_conv: bool = False, depthwise: bool = False,
                conv_intensity: str = "tensor", channel_ramp: bool = False, optimizer_memory: bool = False,
                own_vector: tuple[str, ...] = (), own_memory: tuple[str, ...] = ()) -> dict:
-    """Curves (``prior.Curve`` dicts) for GEMM-like kernels per category and dtype (``by_category``; else
-    per dtype), other compute ("vector"), memory traffic, and the device floor in seconds, fitted to
-    ``rows``. With ``intensity`` the compute curves also ramp with arithmetic intensity; with
-    ``vector_by_category`` each non-GEMM category with enough kernels gets its own peak fraction of the
-    vector curve (``vector_fraction``); with ``memory_by_category`` each non-GEMM (category, dtype) with
-    enough kernels its own peak fraction and half size of the memory curve (``memory_fraction``,
-    ``memory_half_size``). ``streaming`` categories are priced by their bytes alone (``prior.Profile.streaming``;
-    default: the optimizer's on a GPU with ``memory_by_category``, none otherwise). With ``backward_curves``
-    a fused backward kernel of ``prior.BACKWARD_CURVES`` gets its own curve: tried on the CPU kinds
-    (2026-11-25), where one convolution curve priced forward convolutions 1.7x too slow at every reduction
-    depth, it made DenseNet's left-out steps worse (73 -> 86 % on the Intel kind, 60 -> 75 % on the second
-    AMD kind), so it is off by default (README, *The CPU prior*). ``fresh`` (a CPU kind's measured
-    fresh-allocation cost, ``{"threshold_bytes", "s_per_byte"}``: ``descriptor.Descriptor.fresh``) is added
-    to every kernel's time before the curves are fitted to the rest, and kept in the result for
-    ``device_profile``; with ``{"threshold_bytes": T, "s_per_byte": None}`` the cost per byte above ``T``
-    is fitted with the curves instead (log scale, from ``FRESH_INIT_S_PER_BYTE``; the result's ``fresh``
-    then says ``"fitted"`` and how many kernels it was fitted to; no ``fresh`` where no kernel allocates
-    above ``T``): a CPU kind whose machine can no longer be measured, priced from its own profiles
-    (``benchmarks/fresh_from_profiles.py``). With ``grouped_conv`` a grouped convolution
-    (``prior.grouped_conv``: every depthwise one) gets a forward and a backward curve of its own
-    (``prior.GROUPED_CONV``): tried on two CPU kinds (2026-11-26), it made DenseNet's left-out steps far
-    better and the random CNNs' and RegNet's far worse (their small depthwise and dense-fast group
-    convolutions priced by curves fitted to large depthwise ones), so it is off by default (README, *The CPU prior*). With ``depthwise`` each (direction, dtype) with
-    at least ``MIN_GROUP_ROWS`` depthwise-like convolutions (``prior.depthwise_shapes``) gets a power law in
-    their shape (``fit_depthwise``, ``prior.Profile.depthwise``) and the curves are fitted to the other
-    rows. ``conv_intensity="gemm"`` ramps a dense convolution's curve with its implicit GEMM's intensity
+    """Curves (``prior.Curve`` dicts) for GEMM-like kernels per category and dtype (``by_category``; else per
+    dtype), other compute ("vector"), memory traffic, and the device floor in seconds, fitted to ``rows``.
+    With ``intensity`` the compute curves also ramp with arithmetic intensity; with ``vector_by_category``
+    each non-GEMM category with enough kernels gets its own peak fraction of the vector curve
+    (``vector_fraction``); with ``memory_by_category`` each non-GEMM (category, dtype) with enough kernels its
+    own peak fraction and half size of the memory curve (``memory_fraction``, ``memory_half_size``).
+    ``streaming`` categories are priced by their bytes alone (``prior.Profile.streaming``; default: the
+    optimizer's on a GPU with ``memory_by_category``, none otherwise). With ``backward_curves`` a fused
+    backward kernel of ``prior.BACKWARD_CURVES`` gets its own curve: tried on the CPU kinds (2026-11-25),
+    where one convolution curve priced forward convolutions 1.7x too slow at every reduction depth, it made
+    DenseNet's left-out steps worse (73 -> 86 % on the Intel kind, 60 -> 75 % on the second AMD kind), so it
+    is off by default (README, *The CPU prior*). ``fresh`` (a CPU kind's measured fresh-allocation cost,
+    ``{"threshold_bytes", "s_per_byte"}``: ``descriptor.Descriptor.fresh``) is added to every kernel's time
+    before the curves are fitted to the rest, and kept in the result for ``device_profile``; with
+    ``{"threshold_bytes": T, "s_per_byte": None}`` the cost per byte above ``T`` is fitted with the curves
+    instead (log scale, from ``FRESH_INIT_S_PER_BYTE``; the result's ``fresh`` then says ``"fitted"`` and how
+    many kernels it was fitted to; no ``fresh`` where no kernel allocates above ``T``): a CPU kind whose
+    machine can no longer be measured, priced from its own profiles (``benchmarks/fresh_from_profiles.py``).
+    With ``grouped_conv`` a grouped convolution (``prior.grouped_conv``: every depthwise one) gets a forward
+    and a backward curve of its own (``prior.GROUPED_CONV``): tried on two CPU kinds (2026-11-26), it made
+    DenseNet's left-out steps far better and the random CNNs' and RegNet's far worse (their small depthwise
+    and dense-fast group convolutions priced by curves fitted to large depthwise ones), so it is off by
+    default (README, *The CPU prior*). With ``depthwise`` each (direction, dtype) with at least
+    ``MIN_GROUP_ROWS`` depthwise-like convolutions (``prior.depthwise_shapes``) gets a power law in their
+    shape (``fit_depthwise``, ``prior.Profile.depthwise``) and the curves are fitted to the other rows.
+    ``conv_intensity="gemm"`` ramps a dense convolution's curve with its implicit GEMM's intensity
     (``prior.Profile.conv_intensity``). With ``channel_ramp`` each batch-norm op (forward, backward) gets a
     ramp in its channels (``prior.Profile.channel_ramp``) fitted with the curves. ``optimizer_memory`` gives
     the optimizer phase's non-GEMM kernels a bandwidth curve of their own (``prior.OPTIMIZER_MEMORY``: its
     peak fraction and half size; one per category and dtype with ``memory_by_category``); ``own_vector``
-    categories their own peak fraction of the vector curve and ``own_memory`` categories their own
-    bandwidth curve where ``vector_by_category`` and ``memory_by_category`` pool the others (on the CPU
-    kinds here the random generator's kernels price at 0.11-0.14 of their time with the pooled vector
-    curve, and the optimizer's in-place updates of 10 KB-1 MB at 1.2-1.7x theirs: README, *The CPU prior*)."""
+    categories their own peak fraction of the vector curve and ``own_memory`` categories their own bandwidth
+    curve where ``vector_by_category`` and ``memory_by_category`` pool the others (on the CPU kinds here the
+    random generator's kernels price at 0.11-0.14 of their time with the pooled vector curve, and the
+    optimizer's in-place updates of 10 KB-1 MB at 1.2-1.7x theirs: README, *The CPU prior*)."""
     fit_fresh = bool(fresh) and fresh.get("s_per_byte") is None
     law, rows = _depthwise_apart(rows, None if fit_fresh else fresh) if depthwise else ({}, rows)
     if streaming is None:
