@@ -390,23 +390,31 @@ def test_a_cpu_fit_recovers_curves_above_the_quoted_peak_and_falling_with_size()
     assert prior_fit.kernel_errors(rows, prior_fit.device_profile(CPU, gpu_shaped))["all"]["median_ape"] > 20
 
 
-def test_a_cpu_fit_with_the_measured_fresh_allocation_cost_prices_large_fresh_outputs():
-    """SYNTHETIC CPU kernels, some of whose outputs are fresh allocations above a 32 MiB mmap threshold
-    and pay 0.25 ms per MiB of page faults: given that measured cost, the fit recovers the curves and
-    prices those kernels within a few per cent (the profile keeps the cost); without it the curves
-    cannot (a kernel's bytes do not say whether its output was fresh)."""
+def _fresh_rows(cost: dict, n: int = 3000):
+    """SYNTHETIC element-wise CPU kernels priced by ``CPU_TRUE`` (3 % noise), half of those moving over
+    100 MB with a fresh output above ``cost``'s threshold that pays ``cost``'s page faults; the rows and
+    which kernels have such an output."""
     g = torch.Generator().manual_seed(5)
-    n = 3000
     moved = 10 ** (3 + 6 * torch.rand(n, generator=g, dtype=torch.float64))
     fresh_out = (torch.rand(n, generator=g) < 0.5) & (moved > 10 ** 8)
     fresh = torch.stack([torch.where(fresh_out, moved / 3, 0.0)] * 2, 1)
     rows = prior_fit.KernelRows(moved / 8, moved, ["fp32"] * n, torch.zeros(n, dtype=torch.bool),
                                 torch.zeros(n, dtype=torch.bool), ["elementwise"] * n, ["synthetic"] * n,
                                 torch.zeros(n, dtype=torch.float64), fresh=fresh)
-    cost = {"threshold_bytes": 32 * 2 ** 20, "s_per_byte": 0.25e-3 / 2 ** 20}
     true = dataclasses.replace(prior.profile_from_dict(CPU, CPU_TRUE), fresh_threshold_bytes=cost["threshold_bytes"],
                                fresh_s_per_byte=cost["s_per_byte"])
-    rows.seconds = prior_fit._prior_seconds(rows, true) * torch.exp(0.03 * torch.randn(n, generator=g, dtype=torch.float64))
+    noise = torch.exp(0.03 * torch.randn(n, generator=g, dtype=torch.float64))
+    rows.seconds = prior_fit._prior_seconds(rows, true) * noise
+    return rows, fresh_out
+
+
+def test_a_cpu_fit_with_the_measured_fresh_allocation_cost_prices_large_fresh_outputs():
+    """SYNTHETIC CPU kernels, some of whose outputs are fresh allocations above a 32 MiB mmap threshold
+    and pay 0.25 ms per MiB of page faults: given that measured cost, the fit recovers the curves and
+    prices those kernels within a few per cent (the profile keeps the cost); without it the curves
+    cannot (a kernel's bytes do not say whether its output was fresh)."""
+    cost = {"threshold_bytes": 32 * 2 ** 20, "s_per_byte": 0.25e-3 / 2 ** 20}
+    rows, fresh_out = _fresh_rows(cost)
     fitted = prior_fit.fit_device(rows, CPU, steps=1500, intensity=False, fresh=cost)
     profile = prior_fit.device_profile(CPU, fitted)
     assert profile.fresh_threshold_bytes == cost["threshold_bytes"] and profile.fresh_s_per_byte == cost["s_per_byte"]
@@ -424,19 +432,8 @@ def test_a_cpu_fit_can_fit_the_fresh_allocation_cost_itself_where_kernels_alloca
     """SYNTHETIC CPU kernels as above, 0.25 ms per MiB of page faults planted: given only the threshold
     (``s_per_byte`` None), the fit recovers the cost per byte within 10 % and says it fitted it; on rows
     where nothing is allocated above the threshold it has nothing to fit and gives no cost at all."""
-    g = torch.Generator().manual_seed(5)
-    n = 3000
-    moved = 10 ** (3 + 6 * torch.rand(n, generator=g, dtype=torch.float64))
-    fresh_out = (torch.rand(n, generator=g) < 0.5) & (moved > 10 ** 8)
-    fresh = torch.stack([torch.where(fresh_out, moved / 3, 0.0)] * 2, 1)
-    rows = prior_fit.KernelRows(moved / 8, moved, ["fp32"] * n, torch.zeros(n, dtype=torch.bool),
-                                torch.zeros(n, dtype=torch.bool), ["elementwise"] * n, ["synthetic"] * n,
-                                torch.zeros(n, dtype=torch.float64), fresh=fresh)
     planted = 0.25e-3 / 2 ** 20
-    true = dataclasses.replace(prior.profile_from_dict(CPU, CPU_TRUE), fresh_threshold_bytes=32 * 2 ** 20,
-                               fresh_s_per_byte=planted)
-    noise = torch.exp(0.03 * torch.randn(n, generator=g, dtype=torch.float64))
-    rows.seconds = prior_fit._prior_seconds(rows, true) * noise
+    rows, fresh_out = _fresh_rows({"threshold_bytes": 32 * 2 ** 20, "s_per_byte": planted})
     fitted = prior_fit.fit_device(rows, CPU, steps=1500, intensity=False,
                                   fresh={"threshold_bytes": 32 * 2 ** 20, "s_per_byte": None})
     assert fitted["fresh"]["fitted"] and fitted["fresh"]["faulted_kernels"] == int(fresh_out.sum())
