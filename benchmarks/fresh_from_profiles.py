@@ -38,9 +38,8 @@ def fit_kind(data: Path, steps: int = 1500) -> dict:
     """The fitted cost of ``data``'s kind and what it was fitted to; the measured figures beside it."""
     import torch
 
-    from benchmarks.calibrate_prior import _first_env, cpu_section_name
+    from benchmarks.calibrate_prior import _first_env
     from gnn_ptp import descriptor, prior, prior_fit
-    from gnn_ptp.prior import CALIBRATION_FILE
 
     t0 = time.time()
     hw, samples, seconds = prior_fit.load_profiled(data)
@@ -48,10 +47,7 @@ def fit_kind(data: Path, steps: int = 1500) -> dict:
         raise SystemExit(f"--data {data}: a {hw.kind}'s dataset; a fresh-allocation cost is a CPU's")
     env = _first_env(data)
     desc = descriptor.for_env(env)
-    table = json.loads(CALIBRATION_FILE.read_text())
-    section = table.get(cpu_section_name(env.get("cpu_kind") or env.get("cpu_model") or "", table), {})
-    kw = {"vector_by_category": "vector_fraction" in section, "memory_by_category": "memory_fraction" in section,
-          "depthwise": True, **({"conv_intensity": section["conv_intensity"]} if section.get("conv_intensity") else {})}
+    kw = {**prior_fit.section_options(prior.calibration().get(desc.curves_section(), {})), "depthwise": True}
     rows = prior_fit.kernel_rows(samples, seconds)
     faulted = prior.fresh_seconds(rows.fresh, THRESHOLD_BYTES, 1.0)
     families = Counter(f for f, b in zip(rows.family, (faulted > 0).tolist()) if b) if faulted is not None else {}
@@ -71,13 +67,10 @@ def fit_kind(data: Path, steps: int = 1500) -> dict:
 
 def _gloo_figures(kind: str) -> dict:
     """The kind's shipped gloo profile's FSDP fresh-buffer cost per rank count (ms per MiB), if any."""
-    import gnn_ptp
+    from gnn_ptp import interconnect
 
-    name = "cpu-gloo" if kind == "amd-epyc" else f"cpu-gloo-{kind}"
-    path = Path(gnn_ptp.__file__).parent / "interconnects" / f"{name}.json"
-    if not path.is_file():
-        return {}
-    fsdp = json.loads(path.read_text()).get("fsdp", {})
+    profile = interconnect.builtin().get("cpu-gloo" if kind == "amd-epyc" else f"cpu-gloo-{kind}")
+    fsdp = profile.fsdp if profile is not None else {}
     return {r: v["fresh"]["ms_per_MiB"] for r, v in sorted(fsdp.items()) if (v.get("fresh") or {}).get("ms_per_MiB")}
 
 
