@@ -305,7 +305,7 @@ def run_train(args) -> int:
 
 PROTOCOL_ONLY = {"config": None, "epochs": None, "patience": None, "families": None, "seeds": "0",
                  "variants": "gnn,gnn-prior", "threads": None, "bootstrap": 2000, "shipped_prior": False,
-                 "jobs": 1, "hardware_folds": "all", "hardware_transfer": "nearest",
+                 "jobs": 1, "hardware_folds": "all", "hardware_test": None, "hardware_transfer": "nearest",
                  "transfer_mode": "split", "no_depthwise_law": False, "refit_per_category": False}
 """``evaluate``'s options that only a --protocol run reads, with their defaults."""
 
@@ -343,6 +343,9 @@ def add_evaluate_parser(sub) -> None:
     g.add_argument("--hardware-folds", default=PROTOCOL_ONLY["hardware_folds"],
                    help="hardware: pairs (train on each kind, test on each other), rest (train on all the "
                         "other kinds, test on the one left out) or all (default)")
+    g.add_argument("--hardware-test", default=PROTOCOL_ONLY["hardware_test"], metavar="KIND",
+                   help="hardware: only the folds that test on this kind (its descriptor name, e.g. "
+                        "amd-epyc-family-25-model-1); default every kind")
     g.add_argument("--hardware-transfer", default=PROTOCOL_ONLY["hardware_transfer"],
                    help="hardware: price a kind tested on by the prior of the training kind with the nearest "
                         "ceilings (nearest, default) or the geometric mean of every training kind's (mean)")
@@ -416,7 +419,7 @@ def run_protocol(args) -> int:
                     seeds=_int_list(args.seeds, "--seeds"),
                     variants=tuple(v.strip() for v in args.variants.split(",") if v.strip()),
                     threads=args.threads, bootstrap=args.bootstrap, refit_prior=not args.shipped_prior,
-                    jobs=args.jobs, hardware_folds=args.hardware_folds,
+                    jobs=args.jobs, hardware_folds=args.hardware_folds, hardware_test=args.hardware_test,
                     hardware_transfer=args.hardware_transfer, transfer_mode=args.transfer_mode,
                     depthwise_law=not args.no_depthwise_law, refit_as_shipped=not args.refit_per_category)
     result = run(args.protocol, args.data, args.config, budget, strict=args.strict)

@@ -610,6 +610,45 @@ def measure_cpu(threads: int = 1, sizes=(512, 1024, 2048), log=None, probes: boo
                       probe_suite=PROBE_SUITE if probes else "", fresh_alloc=fresh)
 
 
+def median_of(runs: list[Descriptor]) -> Descriptor:
+    """One descriptor of several measurements of the same CPU (``measure_cpu`` run after run): the median
+    of each rate, of each step probe's seconds and of the fresh-allocation threshold and cost (its rows are
+    the median run's); each run's ceilings are kept in ``extra["runs"]``. A shared VM drifts between runs
+    by several percent and a burst of load can land in one run, so a kind scored with a descriptor it
+    never trained on takes the median of three rather than whichever run came first."""
+    import statistics
+    from dataclasses import replace
+
+    if not runs:
+        raise UserError("median_of: no measurement to take the median of")
+    names = {d.name for d in runs}
+    if len(names) != 1 or any(d.kind != "cpu" for d in runs):
+        raise UserError(f"median_of: the runs must be one CPU kind's; got {', '.join(sorted(names))}")
+    if len(runs) == 1:
+        return runs[0]
+    med = statistics.median
+    first = runs[0]
+    probes = {group: {probe: med(d.step_probe_s[group][probe] for d in runs)
+                      for probe in first.step_probe_s[group]} for group in first.step_probe_s}
+    fresh = dict(first.fresh_alloc)
+    costed = [d.fresh_alloc for d in runs if d.fresh_alloc.get("threshold_bytes") is not None]
+    if len(costed) > len(runs) // 2:  # most runs found a threshold: the median one's rows and source
+        middle = sorted(costed, key=lambda f: f["ms_per_MiB"])[(len(costed) - 1) // 2]
+        fresh = {**middle, "threshold_bytes": med(f["threshold_bytes"] for f in costed),
+                 "ms_per_MiB": med(f["ms_per_MiB"] for f in costed)}
+    elif any(d.fresh_alloc for d in runs):
+        fresh = next(d.fresh_alloc for d in runs if d.fresh_alloc.get("threshold_bytes") is None)
+    each = [{"gemm_flops_per_s": d.gemm_flops_per_s, "vector_flops_per_s": d.vector_flops_per_s,
+             "memory_bandwidth_Bps": d.memory_bandwidth_Bps, "launch_floor_s": d.launch_floor_s,
+             "fresh_ms_per_MiB": d.fresh_alloc.get("ms_per_MiB"), "source": d.source} for d in runs]
+    return replace(first, gemm_flops_per_s={k: med(d.gemm_flops_per_s[k] for d in runs) for k in first.gemm_flops_per_s},
+                   vector_flops_per_s=med(d.vector_flops_per_s for d in runs),
+                   memory_bandwidth_Bps=med(d.memory_bandwidth_Bps for d in runs),
+                   launch_floor_s=med(d.launch_floor_s for d in runs), step_probe_s=probes, fresh_alloc=fresh,
+                   source=f"median of {len(runs)} runs of gnn_ptp.descriptor.measure_cpu (the first: {first.source})",
+                   extra={**first.extra, "runs": each})
+
+
 def with_step_probes(stored: Descriptor, threads: int = 1, log=None) -> Descriptor:
     """``stored`` (this CPU's descriptor) with step-sized probes measured now, its ceilings kept as they
     were measured (so results computed from them stay reproducible); the source says when each was."""
@@ -716,6 +755,9 @@ def main(argv=None) -> int:
                                 description="Show the hardware descriptors, or measure this CPU's.")
     p.add_argument("--measure", action="store_true", help="measure this CPU (pin it: taskset -c N)")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--runs", type=int, default=1,
+                   help="with --measure: measure this many times and keep the median of each rate and probe "
+                        "(a noisy VM; each run about 30 s to 5 min)")
     p.add_argument("--probes", action="store_true",
                    help="measure only the step-sized probes and add them to this CPU's stored descriptor, "
                         "keeping its ceilings (a kind measured before the probes existed)")
@@ -768,9 +810,17 @@ def main(argv=None) -> int:
         d = with_step_probes(stored, args.threads, log=log) if args.probes else stored
         d = with_fresh_alloc(d, args.threads, log=log) if args.fresh else d
         return show(d)
+    if args.runs < 1 or (args.runs > 1 and not args.measure):
+        print(f"python -m gnn_ptp.descriptor: error: --runs {args.runs}: a whole number >= 1, and more than 1 "
+              "only with --measure", file=sys.stderr)
+        return 2
     if args.measure:
-        d = measure_cpu(args.threads, log=lambda m: print(m, file=sys.stderr))
-        return show(d)
+        runs = []
+        for i in range(args.runs):
+            if args.runs > 1:
+                print(f"run {i + 1} of {args.runs}", file=sys.stderr)
+            runs.append(measure_cpu(args.threads, log=lambda m: print(m, file=sys.stderr)))
+        return show(median_of(runs))
     rows = [*GPU_DESCRIPTORS.values(), *stored_cpus().values()]
     w = max(len(d.name) for d in rows) + 2
     print(f"{'name':<{w}}{'kind':<5}{'fp32':>10}{'bf16':>10}{'vector':>10}{'GB/s':>9}{'floor us':>9}  "

@@ -87,6 +87,9 @@ class Budget:
     """hardware: ``pairs`` (train on each kind, test on each other kind), ``rest`` (train on all the other
     kinds together, test on the one left out: a checkpoint of every kind held asked about a new one) or
     ``all`` (both; with two kinds the two are the same folds)."""
+    hardware_test: str | None = None
+    """hardware: only the folds that test on this kind (a descriptor name, e.g. a new CPU kind scored once
+    against the others: ``rest`` then trains one fold instead of one per kind); None: every fold."""
     hardware_transfer: str = "nearest"
     """hardware: a kind tested on is priced by the nearest training kind's prior (``nearest``) or the
     geometric mean of every training kind's (``mean``), moved by the ceilings (``PriorRefit.transfer``)."""
@@ -632,7 +635,7 @@ def _hardware(base, budget, measured, samples, repeats, rng, log, refit=None) ->
     for s in samples:
         kinds[s.hardware_name].append(s)
     _refuse_one_kind({k: len(v) for k, v in kinds.items()})
-    folds = hardware_folds(sorted(kinds), budget.hardware_folds)
+    folds = hardware_folds(sorted(kinds), budget.hardware_folds, budget.hardware_test)
     tasks = [(f, seed) for f in range(len(folds)) for seed in budget.seeds]
 
     def one(task):
@@ -673,16 +676,19 @@ def _hardware(base, budget, measured, samples, repeats, rng, log, refit=None) ->
             "folds": sorted(records, key=lambda r: (r["test"], len(r["train"]), r["train"], r["seed"]))}
 
 
-def hardware_folds(kinds: list[str], which: str = "all") -> list[tuple[tuple[str, ...], str]]:
+def hardware_folds(kinds: list[str], which: str = "all", test: str | None = None) -> list[tuple[tuple[str, ...], str]]:
     """The ``hardware`` protocol's folds as (training kinds, test kind): each kind onto each other kind
     (``pairs``), all the others together onto each kind (``rest``; the pairs themselves with two kinds),
-    or both (``all``), without repeats."""
+    or both (``all``), without repeats; with ``test``, only the folds onto that kind."""
+    if test is not None and test not in kinds:
+        raise UserError(f"--hardware-test {test!r}: not a hardware kind of the data; its kinds: {', '.join(kinds)}"
+                        + closest(test, kinds))
     folds = []
     if which in ("pairs", "all") or len(kinds) == 2:
         folds += [((a,), b) for a in kinds for b in kinds if a != b]
     if which in ("rest", "all") and len(kinds) > 2:
         folds += [(tuple(k for k in kinds if k != b), b) for b in kinds]
-    return folds
+    return [f for f in folds if test is None or f[1] == test]
 
 
 # --- output ----------------------------------------------------------------------------------------------

@@ -202,6 +202,39 @@ def test_cli_lists_descriptors_and_refuses_write_without_measure(capsys):
     assert "--write needs --measure" in capsys.readouterr().err
 
 
+def test_several_measurements_of_one_cpu_become_the_median_of_each_rate_probe_and_fresh_cost(capsys):
+    """SYNTHETIC runs (made-up rates, one burst of load in the second): every rate, probe and fresh-allocation
+    figure is the median of the three, each run's ceilings are kept, and other kinds' runs are refused."""
+    from dataclasses import replace
+
+    base = synthetic_cpu(1.0)
+
+    def run(factor, probe_s, fresh_ms, source):
+        return replace(base, gemm_flops_per_s={k: v * factor for k, v in base.gemm_flops_per_s.items()},
+                       vector_flops_per_s=base.vector_flops_per_s * factor,
+                       memory_bandwidth_Bps=base.memory_bandwidth_Bps * factor,
+                       launch_floor_s=base.launch_floor_s / factor, source=source,
+                       step_probe_s={"gemm fp32": {"a": probe_s, "b": 2 * probe_s}}, probe_suite="step-probes-1",
+                       fresh_alloc={"threshold_bytes": 33423360, "ms_per_MiB": fresh_ms, "rows": [fresh_ms]})
+
+    runs = [run(1.0, 0.010, 0.30, "run 1"), run(0.5, 0.030, 0.90, "run 2 (loaded)"), run(1.1, 0.009, 0.28, "run 3")]
+    d = descriptor.median_of(runs)
+    assert d.gemm_flops_per_s["bf16"] == pytest.approx(base.gemm_flops_per_s["bf16"])
+    assert d.vector_flops_per_s == pytest.approx(base.vector_flops_per_s)
+    assert d.launch_floor_s == pytest.approx(base.launch_floor_s)
+    assert d.step_probe_s == {"gemm fp32": {"a": pytest.approx(0.010), "b": pytest.approx(0.020)}}
+    assert d.fresh_alloc["ms_per_MiB"] == pytest.approx(0.30) and d.fresh_alloc["rows"] == [0.30]
+    assert [r["source"] for r in d.extra["runs"]] == ["run 1", "run 2 (loaded)", "run 3"]
+    assert d.source.startswith("median of 3 runs") and "run 1" in d.source
+    assert descriptor.median_of(runs[:1]) is runs[0]
+    with pytest.raises(UserError, match="one CPU kind's"):
+        descriptor.median_of([runs[0], replace(runs[1], name="another-cpu")])
+    assert descriptor.main(["--runs", "0", "--measure"]) == 2
+    assert "--runs 0: a whole number >= 1" in capsys.readouterr().err
+    assert descriptor.main(["--runs", "3"]) == 2
+    assert "more than 1 only with --measure" in capsys.readouterr().err
+
+
 def test_records_name_the_cpu_kind_and_cpu_kinds_get_their_own_folders(tmp_path):
     """A CPU record carries its kind (model name + family and model numbers, where /proc/cpuinfo has
     them); the collector takes datasets/cpu or datasets/cpu-<kind> on a CPU, and refuses other names."""

@@ -394,6 +394,10 @@ def test_the_hardware_protocol_s_folds_pairs_and_the_rest():
     assert len(folds(three, "pairs")) == 6
     assert folds(three, "rest") == [(("b", "c"), "a"), (("a", "c"), "b"), (("a", "b"), "c")]
     assert folds(three) == folds(three, "pairs") + folds(three, "rest")
+    assert folds(three, "rest", test="b") == [(("a", "c"), "b")]  # a new kind scored once against the rest
+    assert folds(three, "all", test="b") == [(("a",), "b"), (("c",), "b"), (("a", "c"), "b")]
+    with pytest.raises(UserError, match="--hardware-test 'bb': not a hardware kind of the data; its kinds: a, b, c"):
+        folds(three, "rest", test="bb")
     with pytest.raises(UserError, match="hardware folds 'rset': allowed: pairs, rest, all.*rest"):
         protocol.Budget(hardware_folds="rset")
     with pytest.raises(UserError, match="hardware transfer 'nearst': allowed: nearest, mean.*nearest"):
