@@ -52,6 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from gnn_ptp.hardware import HARDWARE  # noqa: E402
 from gnn_ptp.prior import CALIBRATION_FILE  # noqa: E402
 from gnn_ptp.prior_fit import RANDOM_FAMILIES  # noqa: E402
+from gnn_ptp.errors import UserError  # noqa: E402
 
 NEUSIGHT_TEST = "scripts/asplos/data/dataset/test"
 H100_DEVICE = "NVIDIA H100 80GB HBM3"
@@ -328,7 +329,7 @@ def fit_profiles(data: Path, fit_families: list[str], **device_kw) -> tuple[dict
     fit_s = [s for s in samples if s.family in fit_families]
     held_s = [s for s in samples if s.family not in fit_families]
     if not fit_s or not held_s:
-        raise SystemExit(f"--fit-families {','.join(fit_families)}: both the fitted and the held-out "
+        raise UserError(f"--fit-families {','.join(fit_families)}: both the fitted and the held-out "
                          f"families need configurations (families here: {sorted({s.family for s in samples})})")
     rows_fit, rows_held = prior_fit.kernel_rows(fit_s, seconds), prior_fit.kernel_rows(held_s, seconds)
     fitted = prior_fit.fit_device(rows_fit, hw, **device_kw)
@@ -371,7 +372,7 @@ def fit_profiles_lofo(data: Path, hold_out: list[str] = (), score_only: bool = F
         return None, {"lofo": lofo}
     unknown = sorted(set(hold_out) - {s.family for s in samples})
     if unknown:
-        raise SystemExit(f"--hold-out {','.join(unknown)}: not a family of {data}")
+        raise UserError(f"--hold-out {','.join(unknown)}: not a family of {data}")
     held = [s for s in samples if s.family in hold_out]
     samples = [s for s in samples if s.family not in hold_out]
     fitted, profile, host_report = prior_fit.fit(samples, seconds, hw, **device_kw)
@@ -638,4 +639,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except UserError as e:  # bad input: one line naming it, exit 2
+        print(f"calibrate_prior.py: error: {e}", file=sys.stderr)
+        sys.exit(2)

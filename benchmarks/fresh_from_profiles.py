@@ -26,6 +26,7 @@ from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from gnn_ptp.errors import UserError  # noqa: E402
 
 THRESHOLD_BYTES = 33_423_360
 """glibc's mmap threshold as bisected on both measured CPU kinds (``fsdp_overheads.measure_fresh``): just
@@ -44,7 +45,7 @@ def fit_kind(data: Path, steps: int = 1500) -> dict:
     t0 = time.time()
     hw, samples, seconds = prior_fit.load_profiled(data)
     if hw.kind != "cpu":
-        raise SystemExit(f"--data {data}: a {hw.kind}'s dataset; a fresh-allocation cost is a CPU's")
+        raise UserError(f"--data {data}: a {hw.kind}'s dataset; a fresh-allocation cost is a CPU's")
     env = _first_env(data)
     desc = descriptor.for_env(env)
     kw = {**prior_fit.section_options(prior.calibration().get(desc.curves_section(), {})), "depthwise": True}
@@ -104,4 +105,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except UserError as e:  # bad input: one line naming it, exit 2
+        print(f"fresh_from_profiles.py: error: {e}", file=sys.stderr)
+        sys.exit(2)
