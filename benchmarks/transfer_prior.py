@@ -73,15 +73,20 @@ def main(argv=None) -> int:
     if len(set(names)) < len(names):
         raise UserError(f"--data {' '.join(args.data)}: two folders of the same CPU kind ({names})")
     kinds = {folder: (samples_of(folder, measured), desc) for folder, (measured, desc) in kinds.items()}
+    sources = set()  # kinds whose section was fitted to their own steps: only a pair from one is a held-out score
     for folder, (_, desc) in kinds.items():
         fitted_on = desc.steps_fitted_on()
+        if fitted_on == desc.name:
+            sources.add(folder)
         print(f"{desc.name}: {folder}, section {desc.curves_section()!r}, steps fitted on {fitted_on or 'none'}"
-              f"{'' if fitted_on == desc.name else '  (NOT its own steps: a pair from it is no held-out score)'}")
+              f"{'' if fitted_on == desc.name else '  (NOT its own steps: no pair from it is scored)'}")
     print()
     head = f"{'source -> target':<60}{'n':>5}" + "".join(f"{m + ' MAPE':>16}{'median':>8}" for m in modes)
     print(head)
     rows = []
     for src_folder, tgt_folder in itertools.permutations(args.data, 2):
+        if src_folder not in sources:  # its prior is another kind's moved to it, and would move again
+            continue
         src, (samples, tgt) = kinds[src_folder][1], kinds[tgt_folder]
         own = src.profile()
         results = {m: score(samples, descriptor.transfer(own, src, tgt, mode=m)) for m in modes}
