@@ -20,6 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from gnn_ptp.errors import UserError  # noqa: E402 (after the path insert)
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -157,4 +159,8 @@ def torch_bytes(dtype) -> int:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except UserError as e:  # bad input: one line naming it, exit 2
+        print(f"fsdp_gloo.py: error: {e}", file=sys.stderr)
+        sys.exit(2)

@@ -441,3 +441,12 @@ def test_hf_model_folder_with_config_json(tmp_path, capsys):
 def test_hardware_typo_suggests_the_shipped_checkpoint(capsys):
     assert cli.main(["predict", *GPT2, "--hardware", "CPU"]) == 2
     assert "did you mean 'cpu'" in capsys.readouterr().err
+
+
+def test_fsdp_gloo_bad_interconnect_is_one_line_exit_2():
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "fsdp_gloo.py"
+    r = subprocess.run([sys.executable, str(script), "--interconnect", "no-such-profile.json"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().splitlines() == [
+        "fsdp_gloo.py: error: --interconnect no-such-profile.json: no such file"]
