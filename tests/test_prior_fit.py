@@ -302,8 +302,9 @@ def test_protocol_refits_a_cpu_kind_s_prior_with_the_depthwise_law_by_default_ne
 
 def test_section_options_read_how_a_shipped_section_was_fitted():
     """``prior_fit.section_options``: pooled curves where a section carries no per-category fractions (the
-    AMD CPU kinds' shipped sections), per-category ones and the channel ramp where it does (the GPU's),
-    checked on SYNTHETIC sections and on the shipped file's."""
+    AMD CPU kinds' shipped sections until the nineteenth session), per-category ones and the channel ramp
+    where it does (every CPU section since, the GPU's), checked on SYNTHETIC sections and on the shipped
+    file's."""
     from gnn_ptp import prior
 
     assert prior_fit.section_options({"gemm": {}}) == {"vector_by_category": False, "memory_by_category": False,
@@ -313,7 +314,8 @@ def test_section_options_read_how_a_shipped_section_was_fitted():
     assert prior_fit.section_options(full) == {"vector_by_category": True, "memory_by_category": True,
                                                "channel_ramp": True, "conv_intensity": "gemm"}
     table = prior.calibration()
-    assert not prior_fit.section_options(table["cpu"])["vector_by_category"]
+    assert prior_fit.section_options(table["cpu"])["vector_by_category"]  # per-category since the 19th session
+    assert prior_fit.section_options(table["cpu-amd-epyc-family-26-model-2"])["memory_by_category"]
     assert prior_fit.section_options(table["h100"])["channel_ramp"]
 
 

@@ -160,18 +160,14 @@ def test_a_checkpoint_from_before_the_options_still_loads(synthetic_dir, tmp_pat
     assert model.cfg.target == "log_ms" and not model.cfg.hardware_descriptor and model.descriptor is None
 
 
-def test_a_checkpoint_from_before_the_options_loads_with_the_new_defaults(tmp_path):
-    """A shipped raw-log-time checkpoint (the CPU checkpoint's precision-unaware baseline; the CPU checkpoint
-    itself is a residual over the prior since 2026-11-26) with its meta written as before target /
-    hardware_descriptor existed."""
-    import json
-    import shutil
-    from pathlib import Path
-
+def test_a_checkpoint_from_before_the_options_loads_with_the_new_defaults(synthetic_dir, tmp_path):
+    """A raw-log-time checkpoint (trained here on SYNTHETIC graphs: no shipped checkpoint is one since the
+    nineteenth session, when the CPU checkpoint's precision-unaware baseline was retrained over the prior
+    too) with its meta written as before target / hardware_descriptor existed."""
     old = tmp_path / "old"
-    shipped = Path(__file__).resolve().parent.parent / "checkpoints" / "cpu"
-    shutil.copytree(shipped / "baselines" / "precision_unaware", old)
+    train(TINY, synthetic_dir, old, log=lambda _: None)
     meta = json.loads((old / "meta.json").read_text())
+    assert meta["model"]["target"] == "log_ms"
     for key in ("target", "hardware_descriptor"):
         meta["model"].pop(key, None)
     (old / "meta.json").write_text(json.dumps(meta))
