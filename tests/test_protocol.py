@@ -151,28 +151,17 @@ def test_residual_checkpoint_records_the_option_and_descriptor_and_round_trips(s
 
 
 def test_a_checkpoint_from_before_the_options_still_loads(synthetic_dir, tmp_path):
+    """A raw-log-time checkpoint (SYNTHETIC graphs; no shipped checkpoint is one since the nineteenth
+    session) with its meta written as before target / hardware_descriptor existed."""
     train(TINY, synthetic_dir, tmp_path / "old", log=lambda _: None)
     meta = json.loads((tmp_path / "old" / "meta.json").read_text())
+    assert meta["model"]["target"] == "log_ms"
     for key in ("target", "hardware_descriptor"):
         del meta["model"][key]
     (tmp_path / "old" / "meta.json").write_text(json.dumps(meta))
-    model, _ = checkpoint.load(tmp_path / "old")
+    model, meta = checkpoint.load(tmp_path / "old")
+    assert "target" not in meta["model"]
     assert model.cfg.target == "log_ms" and not model.cfg.hardware_descriptor and model.descriptor is None
-
-
-def test_a_checkpoint_from_before_the_options_loads_with_the_new_defaults(synthetic_dir, tmp_path):
-    """A raw-log-time checkpoint (trained here on SYNTHETIC graphs: no shipped checkpoint is one since the
-    nineteenth session, when the CPU checkpoint's precision-unaware baseline was retrained over the prior
-    too) with its meta written as before target / hardware_descriptor existed."""
-    old = tmp_path / "old"
-    train(TINY, synthetic_dir, old, log=lambda _: None)
-    meta = json.loads((old / "meta.json").read_text())
-    assert meta["model"]["target"] == "log_ms"
-    for key in ("target", "hardware_descriptor"):
-        meta["model"].pop(key, None)
-    (old / "meta.json").write_text(json.dumps(meta))
-    model, meta = checkpoint.load(old)
-    assert "target" not in meta["model"] and model.cfg.target == "log_ms" and model.descriptor is None
 
 
 def test_one_checkpoint_trains_on_two_hardware_kinds_and_knows_each(two_cpus):
