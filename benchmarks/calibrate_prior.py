@@ -52,7 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from gnn_ptp.hardware import HARDWARE  # noqa: E402
 from gnn_ptp.prior import CALIBRATION_FILE  # noqa: E402
 from gnn_ptp.prior_fit import RANDOM_FAMILIES  # noqa: E402
-from gnn_ptp.errors import UserError  # noqa: E402
+from gnn_ptp.errors import UserError, run_script  # noqa: E402
 
 NEUSIGHT_TEST = "scripts/asplos/data/dataset/test"
 H100_DEVICE = "NVIDIA H100 80GB HBM3"
@@ -639,8 +639,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except UserError as e:  # bad input: one line naming it, exit 2
-        print(f"calibrate_prior.py: error: {e}", file=sys.stderr)
-        sys.exit(2)
+    run_script(main)

@@ -26,7 +26,7 @@ from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from gnn_ptp.errors import UserError  # noqa: E402
+from gnn_ptp.errors import UserError, run_script  # noqa: E402
 
 THRESHOLD_BYTES = 33_423_360
 """glibc's mmap threshold as bisected on both measured CPU kinds (``fsdp_overheads.measure_fresh``): just
@@ -105,8 +105,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except UserError as e:  # bad input: one line naming it, exit 2
-        print(f"fresh_from_profiles.py: error: {e}", file=sys.stderr)
-        sys.exit(2)
+    run_script(main)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gnn_ptp.errors import UserError  # noqa: E402 (after the path insert)
+from gnn_ptp.errors import run_script  # noqa: E402 (after the path insert)
 
 
 def main() -> None:
@@ -159,8 +159,4 @@ def torch_bytes(dtype) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except UserError as e:  # bad input: one line naming it, exit 2
-        print(f"fsdp_gloo.py: error: {e}", file=sys.stderr)
-        sys.exit(2)
+    run_script(main)

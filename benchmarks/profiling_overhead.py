@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from gnn_ptp.errors import UserError  # noqa: E402
+from gnn_ptp.errors import UserError, run_script  # noqa: E402
 from gnn_ptp.records import iter_records, record_problem  # noqa: E402
 
 
@@ -48,16 +48,10 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     folders = {f"none{i + 1}": f for i, f in enumerate(args.unprofiled)}
     folders |= {f"all{i + 1}": f for i, f in enumerate(args.profiled)}
-    try:
-        runs = {n: step_medians(f) for n, f in folders.items()}
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    runs = {n: step_medians(f) for n, f in folders.items()}
     keys = sorted(set.intersection(*(set(v) for v in runs.values())))
     if not keys:
-        print(f"error: no configuration has an ok record in every slice ({', '.join(folders.values())})",
-              file=sys.stderr)
-        return 2
+        raise UserError(f"no configuration has an ok record in every slice ({', '.join(folders.values())})")
     print(f"{len(keys)} configurations in every slice; profiled records per profiled slice: "
           + ", ".join(f"{n} {sum(runs[n][k][2] for k in keys)}" for n in runs if n.startswith("all")))
     names = list(runs)
@@ -79,4 +73,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)

@@ -28,7 +28,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from gnn_ptp import dataset, descriptor, prior  # noqa: E402
-from gnn_ptp.errors import UserError  # noqa: E402
+from gnn_ptp.errors import UserError, run_script  # noqa: E402
 
 
 def kind_of(folder: str):
@@ -105,8 +105,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except UserError as e:
-        print(f"transfer_prior.py: error: {e}", file=sys.stderr)
-        sys.exit(2)
+    run_script(main)

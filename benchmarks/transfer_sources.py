@@ -33,7 +33,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from gnn_ptp import dataset, descriptor, ops, prior, prior_fit  # noqa: E402
-from gnn_ptp.errors import UserError  # noqa: E402
+from gnn_ptp.errors import UserError, run_script  # noqa: E402
 
 
 def category_sums(data: str, profile: prior.Profile) -> dict[str, dict[str, list[float]]]:
@@ -119,8 +119,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except UserError as e:
-        print(f"transfer_sources.py: error: {e}", file=sys.stderr)
-        sys.exit(2)
+    run_script(main)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import NoReturn
 
 
 class UserError(Exception):
@@ -45,3 +46,18 @@ def user_code_error(exc: BaseException, file, doing: str) -> UserError:
     message = first_line(exc)
     return UserError(f"{where}: {type(exc).__name__} while {doing}" + (f": {message}" if message else "")
                      + " (the error is in your model code; --debug shows the traceback)")
+
+
+def run_script(main: Callable[[], int | None], prog: str | None = None) -> NoReturn:
+    """Run a script's ``main()`` and exit with what it returns (None is 0); a UserError becomes one line,
+    ``<prog>: error: <message>`` on stderr, and exit code 2. ``prog`` defaults to the script's file name."""
+    import os
+    import sys
+
+    prog = prog or os.path.basename(sys.argv[0])
+    try:
+        code = main()
+    except UserError as e:  # bad input: one line naming it, exit 2
+        print(f"{prog}: error: {one_line(e)}", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(code)

@@ -450,3 +450,29 @@ def test_fsdp_gloo_bad_interconnect_is_one_line_exit_2():
     assert r.returncode == 2, r.stderr
     assert r.stderr.strip().splitlines() == [
         "fsdp_gloo.py: error: --interconnect no-such-profile.json: no such file"]
+
+
+def test_run_script_exits_with_mains_code_and_one_line_on_user_error(capsys):
+    """errors.run_script, which every benchmark script's __main__ goes through: main's return value is the exit
+    code (None is 0), a UserError is `<prog>: error: <message>` on one line and exit 2, anything else is raised."""
+    from gnn_ptp.errors import UserError, run_script
+
+    for returned, code in ((None, 0), (0, 0), (3, 3)):
+        with pytest.raises(SystemExit) as e:
+            run_script(lambda: returned, prog="bench.py")
+        assert (e.value.code or 0) == code  # sys.exit(None) exits 0
+    capsys.readouterr()
+
+    def bad():
+        raise UserError("--data nowhere:\n  no such folder")
+
+    with pytest.raises(SystemExit) as e:
+        run_script(bad, prog="bench.py")
+    assert e.value.code == 2
+    assert capsys.readouterr().err == "bench.py: error: --data nowhere: no such folder\n"
+
+    def broken():
+        raise ValueError("a bug, not bad input")
+
+    with pytest.raises(ValueError):
+        run_script(broken, prog="bench.py")
