@@ -318,6 +318,27 @@ def _depthwise_for(hw, device_kw: dict) -> dict:
     return kw
 
 
+def _layouts_for(hw, data: Path, device_kw: dict):
+    """``hw`` with its kind's measured GEMM layout ratios (``Hardware.gemm_layout_ratio``, from the
+    descriptor of ``data``'s records) where ``device_kw`` asks for ``gemm_layouts``; the fit's hardware is
+    the reference CPU's rates (``descriptor.Descriptor.profile`` moves them), so the ratios come from the
+    kind. A kind without measured layouts cannot be fitted so."""
+    from dataclasses import replace
+
+    from gnn_ptp import descriptor
+
+    if not device_kw.get("gemm_layouts"):
+        return hw
+    env = _first_env(data)
+    desc = descriptor.for_env(env) if hw.kind == "cpu" else None
+    if desc is None or not desc.layout_ratios():
+        raise UserError(f"--gemm-layouts: the hardware of {data} has no measured GEMM layouts "
+                        "(python -m gnn_ptp.descriptor --layouts --write on that CPU)")
+    print(f"GEMM layout ratios of {desc.name}: " + ", ".join(f"{k} {v:.2f}" for k, v in desc.layout_ratios().items()
+                                                            if not k.startswith("tf32")))
+    return replace(hw, gemm_layout_ratio=desc.layout_ratios())
+
+
 def fit_profiles(data: Path, fit_families: list[str], **device_kw) -> tuple[dict, dict]:
     """Curves and host issue costs fitted to a GPU dataset's profiled kernels and timed steps of
     ``fit_families`` (gnn_ptp/prior_fit.py; ``device_kw``: ``prior_fit.fit_device``'s options); errors on
@@ -325,6 +346,7 @@ def fit_profiles(data: Path, fit_families: list[str], **device_kw) -> tuple[dict
     from gnn_ptp import prior_fit
 
     hw, samples, seconds = prior_fit.load_profiled(data)
+    hw = _layouts_for(hw, data, device_kw)
     device_kw = _depthwise_for(hw, device_kw)
     fit_s = [s for s in samples if s.family in fit_families]
     held_s = [s for s in samples if s.family not in fit_families]
@@ -365,6 +387,7 @@ def fit_profiles_lofo(data: Path, hold_out: list[str] = (), score_only: bool = F
     from gnn_ptp import prior_fit
 
     hw, samples, seconds = prior_fit.load_profiled(data)
+    hw = _layouts_for(hw, data, device_kw)
     device_kw = _depthwise_for(hw, device_kw)
     print(f"leave one family out ({len({s.family for s in samples})} families, {len(samples)} steps):")
     lofo = prior_fit.leave_one_family_out(samples, seconds, hw, log=print, **device_kw)
@@ -443,7 +466,7 @@ def _section(hw, env: dict, source: str, summary: str, by_class: str, fitted: di
             "gemm": fitted["gemm"], "vector": fitted["vector"], "memory": fitted["memory"],
             **({"vector_fraction": fitted["vector_fraction"]} if fitted.get("vector_fraction") else {}),
             **({k: fitted[k] for k in ("memory_fraction", "memory_half_size", "streaming", "depthwise",
-                                       "conv_intensity", "channel_ramp") if fitted.get(k)}),
+                                       "conv_intensity", "channel_ramp", "gemm_layouts") if fitted.get(k)}),
             **({"fresh_threshold_bytes": fitted["fresh"]["threshold_bytes"],
                 "fresh_s_per_byte": fitted["fresh"]["s_per_byte"]} if fitted.get("fresh") else {}),
             "launch_floor_s": fitted["device_floor_s"], "host_issue_s": host,
@@ -572,6 +595,10 @@ def main() -> None:
                          "vector peak fraction, the norms a bandwidth curve over every dtype (declared in "
                          "2026-11-26's seventeenth session, it passed on both AMD kinds and failed on the Intel "
                          "kind twice, so it stays off; README *The CPU prior*)")
+    ap.add_argument("--gemm-layouts", action="store_true",
+                    help="with --profiles on a CPU kind whose descriptor has per-layout GEMM rates (python -m "
+                         "gnn_ptp.descriptor --layouts): each two-operand GEMM's peak is its operand layout's "
+                         "(nn, nt, tn, tt) measured ceiling, the curves fractions of it (prior.Profile.gemm_layouts)")
     ap.add_argument("--no-intensity", action="store_true",
                     help="with --profiles: curves by kernel size alone, without the arithmetic-intensity ramp")
     ap.add_argument("--neusight", type=Path, help="a checkout of github.com/sitfor/NeuSight (re-fits h100)")
@@ -601,6 +628,7 @@ def main() -> None:
               "fresh": None if args.no_fresh else fresh_of(args.profiles),
               **({"conv_intensity": "gemm"} if args.conv_gemm_intensity else {}),
               "gpu_channel_ramp": not args.no_bn_channel_ramp,
+              **({"gemm_layouts": True} if args.gemm_layouts else {}),
               **(KERNEL_CLASSES if args.kernel_classes else {})}
         if args.lofo_only:
             _, e = fit_profiles_lofo(args.profiles, score_only=True, **kw)
@@ -618,7 +646,7 @@ def main() -> None:
         table[name] = section
         shown = ("gemm", "vector", "vector_fraction", "memory", "memory_fraction", "memory_half_size", "streaming",
                  "launch_floor_s", "host_issue_s", "host_fixed_s", "fresh_threshold_bytes", "fresh_s_per_byte",
-                 "depthwise", "conv_intensity", "channel_ramp")
+                 "depthwise", "conv_intensity", "channel_ramp", "gemm_layouts")
         print(f"{name}:", json.dumps({k: section[k] for k in shown if k in section}, indent=1))
         print_lofo(e) if args.lofo else print_profile_errors(e)
     if args.neusight:

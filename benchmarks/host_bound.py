@@ -71,7 +71,8 @@ def main() -> None:
         measured = prior_fit.measured_node_seconds(s, per) if per else None
         if measured is None:
             continue
-        t = prior.node_seconds(s.x, s.x_cat, profile, getattr(s, "fresh_bytes", None))
+        t = prior.node_seconds(s.x, s.x_cat, profile, getattr(s, "fresh_bytes", None),
+                                       getattr(s, "gemm_layout", None))
         t = torch.where(torch.isnan(measured) | (measured <= 0), t, measured.double())
         phase_s = s.y[0, :3].double().exp().numpy() * 1e-3
         for p in range(3):

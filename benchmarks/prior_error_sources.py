@@ -46,7 +46,8 @@ def decompose(samples: list, node_seconds: dict, profile: prior.Profile) -> list
         measured = prior_fit.measured_node_seconds(s, node_seconds[s.key])
         if measured is None:
             continue
-        predicted = prior.node_seconds(s.x, s.x_cat, profile, getattr(s, "fresh_bytes", None))
+        predicted = prior.node_seconds(s.x, s.x_cat, profile, getattr(s, "fresh_bytes", None),
+                                       getattr(s, "gemm_layout", None))
         matched = ~torch.isnan(measured) & (measured > 0)
         hybrid = torch.where(matched, measured, predicted)
         grad_bytes = getattr(s, "grad_bytes", None)

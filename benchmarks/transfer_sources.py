@@ -45,7 +45,8 @@ def category_sums(data: str, profile: prior.Profile) -> dict[str, dict[str, list
         measured = prior_fit.measured_node_seconds(s, node_seconds[s.key]) if s.key in node_seconds else None
         if measured is None:
             continue
-        predicted = prior.node_seconds(s.x, s.x_cat, profile, getattr(s, "fresh_bytes", None))
+        predicted = prior.node_seconds(s.x, s.x_cat, profile, getattr(s, "fresh_bytes", None),
+                                       getattr(s, "gemm_layout", None))
         matched = ~torch.isnan(measured) & (measured > 0)
         cells = defaultdict(lambda: [0.0, 0.0])
         for i in torch.nonzero(matched).flatten().tolist():

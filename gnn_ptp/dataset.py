@@ -29,7 +29,7 @@ from gnn_ptp.records import iter_records, measurement_problem
 from gnn_ptp.store import atomic_torch_save, from_bytes, to_bytes
 
 PHASE_KEYS = ("forward_ms", "backward_ms", "optimizer_ms", "step_ms")
-_DATA_FIELDS = ("x", "x_cat", "edge_index", "edge_attr", "u", "phase", "grad_bytes", "fresh_bytes")
+_DATA_FIELDS = ("x", "x_cat", "edge_index", "edge_attr", "u", "phase", "grad_bytes", "fresh_bytes", "gemm_layout")
 _FAILED = "__failed__"  # cache entry: {config key: why it would not trace}
 
 

@@ -74,6 +74,11 @@ class Descriptor:
     the operating system and page-faulted in as it is first written), ``ms_per_MiB`` above it, ``source``;
     empty where not measured (a GPU: its caching allocator reuses memory). Priced per kernel by a prior
     fitted with it (``prior.Profile.fresh_s_per_byte``)."""
+    gemm_layout_flops_per_s: dict = field(default_factory=dict)
+    """Per dtype ("fp32", "bf16", "fp16"), the GEMM rate of each operand layout ("nn", "nt", "tn", "tt":
+    ``ops.GEMM_LAYOUTS``) measured the same way (``measure_gemm_layouts``); empty where not measured. A CPU
+    without a fast bf16 path runs each layout through another kernel (the fourth kind here: 1.3 to 20 GFLOP/s
+    in bf16); a prior fitted with them prices each GEMM at its layout's ceiling (``prior.Profile.gemm_layouts``)."""
 
     def __post_init__(self):
         if self.kind not in ("cpu", "gpu"):
@@ -96,7 +101,21 @@ class Descriptor:
     def hardware(self) -> Hardware:
         return Hardware(self.name, self.description, dict(self.gemm_flops_per_s),
                         vector_flops_per_s=self.vector_flops_per_s,
-                        memory_bandwidth_Bps=self.memory_bandwidth_Bps, source=self.source, kind=self.kind)
+                        memory_bandwidth_Bps=self.memory_bandwidth_Bps, source=self.source, kind=self.kind,
+                        gemm_layout_ratio=self.layout_ratios())
+
+    def layout_ratios(self) -> dict[str, float]:
+        """``Hardware.gemm_layout_ratio`` from ``gemm_layout_flops_per_s``: each layout's rate over the nn
+        rate of its dtype ("tf32" takes fp32's: a CPU has no TF32); {} where nothing was measured."""
+        out = {}
+        for dtype, rates in self.gemm_layout_flops_per_s.items():
+            nn = rates.get("nn", 0.0)
+            if nn > 0:
+                for layout, rate in rates.items():
+                    out[f"{dtype}:{layout}"] = float(rate) / nn
+                    if dtype == "fp32":
+                        out[f"tf32:{layout}"] = float(rate) / nn
+        return out
 
     def curves_section(self) -> str:
         """The section of prior_calibration.json whose curves ``profile`` uses."""
@@ -227,7 +246,7 @@ def transfer(profile, source: "Descriptor", target: "Descriptor", mode: str | No
     moved = Hardware(target.name, target.description, rates,
                      vector_flops_per_s=hw.vector_flops_per_s * ratio["vector"],
                      memory_bandwidth_Bps=hw.memory_bandwidth_Bps * ratio["memory"],
-                     source=target.source, kind=target.kind)
+                     source=target.source, kind=target.kind, gemm_layout_ratio=target.layout_ratios())
     host = target.launch_floor_s / source.launch_floor_s
 
     def scaled(costs):
@@ -515,6 +534,61 @@ def measure_fresh_alloc(threads: int = 1, log=None) -> dict:
     return out
 
 
+GEMM_LAYOUT_SIZES = (256, 512)
+"""Square sizes ``measure_gemm_layouts`` takes the best rate over (a 512^3 nn bf16 GEMM takes 0.2 s on the
+fourth kind; 1,024 would take 1.6 s a call)."""
+
+
+def measure_gemm_layouts(threads: int = 1, sizes=GEMM_LAYOUT_SIZES, log=None) -> dict:
+    """This CPU's GEMM rate per dtype (fp32, bf16, fp16) and operand layout (``ops.GEMM_LAYOUTS``: nn,
+    nt, tn, tt, a transposed operand being a ``.t()`` view of a contiguous matrix), the best over ``sizes``
+    squares with ``threads`` torch threads; about 10 s on a CPU without fast bf16."""
+    from gnn_ptp.ops import GEMM_LAYOUTS
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    out: dict[str, dict[str, float]] = {}
+    try:
+        for dtype, name in ((torch.float32, "fp32"), (torch.bfloat16, "bf16"), (torch.float16, "fp16")):
+            best = {layout: 0.0 for layout in GEMM_LAYOUTS if layout}
+            for n in sizes:
+                plain = (torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype))
+                flipped = (torch.randn(n, n).to(dtype).t(), torch.randn(n, n).to(dtype).t())
+                for layout in best:
+                    a = flipped[0] if layout[0] == "t" else plain[0]
+                    b = flipped[1] if layout[1] == "t" else plain[1]
+                    s = _best_s(lambda a=a, b=b: torch.mm(a, b), repeat=3, min_s=0.05)
+                    best[layout] = max(best[layout], 2 * n ** 3 / s)
+            out[name] = best
+            if log:
+                log(f"gemm {name} by layout: " + ", ".join(f"{k} {v / 1e9:.1f}" for k, v in best.items()) + " GFLOP/s")
+    finally:
+        torch.set_num_threads(previous)
+    return out
+
+
+def with_gemm_layouts(stored: Descriptor, threads: int = 1, runs: int = 1, log=None) -> Descriptor:
+    """``stored`` (this CPU's descriptor) with its per-layout GEMM rates measured now (``runs`` of them:
+    the median of each rate), everything else kept as it was measured."""
+    from dataclasses import replace
+
+    if stored.kind != "cpu" or stored.name != slug(cpu_model()):
+        raise UserError(f"hardware descriptor {stored.name!r} is not this CPU's ({slug(cpu_model())}): "
+                        "its GEMM layouts are measured on the CPU it describes")
+    return replace(stored, gemm_layout_flops_per_s=median_layouts(
+        [measure_gemm_layouts(threads, log=log) for _ in range(runs)]))
+
+
+def median_layouts(runs: list[dict]) -> dict:
+    """The median of each (dtype, layout) rate over several ``measure_gemm_layouts`` results."""
+    import statistics
+
+    runs = [r for r in runs if r]
+    if not runs:
+        return {}
+    return {d: {k: statistics.median(r[d][k] for r in runs) for k in runs[0][d]} for d in runs[0]}
+
+
 def with_fresh_alloc(stored: Descriptor, threads: int = 1, log=None) -> Descriptor:
     """``stored`` (this CPU's descriptor) with its fresh-allocation cost measured now, everything else
     kept as it was measured."""
@@ -567,12 +641,14 @@ def fresh_alloc_from_gloo(stored: Descriptor, log=None) -> Descriptor:
     return replace(stored, fresh_alloc=out)
 
 
-def measure_cpu(threads: int = 1, sizes=(512, 1024, 2048), log=None, probes: bool = True) -> Descriptor:
+def measure_cpu(threads: int = 1, sizes=(512, 1024, 2048), log=None, probes: bool = True,
+                layout_sizes=GEMM_LAYOUT_SIZES) -> Descriptor:
     """This CPU's ceilings with ``threads`` torch threads: the best GEMM rate per dtype over ``sizes``
     (fp32, bf16, fp16 (sizes up to 512 only: CPUs without fp16 GEMM units run it ~100x slower);
     tf32 = fp32), the in-cache element-wise rate, copy bandwidth of a 64 MiB array
-    (read + write), the dispatch floor of a one-element add and the cost of a fresh allocation
-    (``measure_fresh_alloc``); with ``probes`` the step-sized probes too (``measure_step_probes``). About
+    (read + write), the dispatch floor of a one-element add, the cost of a fresh allocation
+    (``measure_fresh_alloc``) and the GEMM rate of each operand layout over ``layout_sizes``
+    (``measure_gemm_layouts``); with ``probes`` the step-sized probes too (``measure_step_probes``). About
     30 s on one core."""
     log = log or (lambda msg: None)
     previous = torch.get_num_threads()
@@ -603,11 +679,13 @@ def measure_cpu(threads: int = 1, sizes=(512, 1024, 2048), log=None, probes: boo
     model = cpu_model()
     step_probes = measure_step_probes(threads, log) if probes else {}
     fresh = measure_fresh_alloc(threads, log)
+    layouts = measure_gemm_layouts(threads, layout_sizes, log=log)
     return Descriptor(slug(model), "cpu", gemm, vector, bandwidth, floor, f"{model}, {threads} thread(s)",
                       f"measured by gnn_ptp.descriptor.measure_cpu, {threads} thread(s), torch "
                       f"{torch.__version__}, {now_utc()}", measured=True, curves="cpu",
                       extra={"cpu_model": model, "threads": threads}, step_probe_s=step_probes,
-                      probe_suite=PROBE_SUITE if probes else "", fresh_alloc=fresh)
+                      probe_suite=PROBE_SUITE if probes else "", fresh_alloc=fresh,
+                      gemm_layout_flops_per_s=layouts)
 
 
 def median_of(runs: list[Descriptor]) -> Descriptor:
@@ -645,6 +723,7 @@ def median_of(runs: list[Descriptor]) -> Descriptor:
                    vector_flops_per_s=med(d.vector_flops_per_s for d in runs),
                    memory_bandwidth_Bps=med(d.memory_bandwidth_Bps for d in runs),
                    launch_floor_s=med(d.launch_floor_s for d in runs), step_probe_s=probes, fresh_alloc=fresh,
+                   gemm_layout_flops_per_s=median_layouts([d.gemm_layout_flops_per_s for d in runs]),
                    source=f"median of {len(runs)} runs of gnn_ptp.descriptor.measure_cpu (the first: {first.source})",
                    extra={**first.extra, "runs": each})
 
@@ -764,6 +843,9 @@ def main(argv=None) -> int:
     p.add_argument("--fresh", action="store_true",
                    help="measure only what a fresh allocation costs (page faults above the allocator's mmap "
                         "threshold) and add it to this CPU's stored descriptor, keeping the rest")
+    p.add_argument("--layouts", action="store_true",
+                   help="measure only the GEMM rate of each operand layout (nn, nt, tn, tt) and add it to this "
+                        "CPU's stored descriptor, keeping the rest (with --runs N: the median of N)")
     p.add_argument("--fresh-from-gloo", metavar="NAME",
                    help="give stored CPU descriptor NAME the fresh-allocation cost its kind's shipped gloo "
                         "profile measured (cpu-gloo-NAME, the 2-rank FSDP fresh-buffer figure): for a kind "
@@ -777,11 +859,15 @@ def main(argv=None) -> int:
             print(f"written to {write(d)}", file=sys.stderr)
         return 0
 
-    if args.write and not (args.measure or args.probes or args.fresh or args.fresh_from_gloo):
-        print("python -m gnn_ptp.descriptor: error: --write needs --measure, --probes, --fresh or --fresh-from-gloo",
-              file=sys.stderr)
+    if args.write and not (args.measure or args.probes or args.fresh or args.layouts or args.fresh_from_gloo):
+        print("python -m gnn_ptp.descriptor: error: --write needs --measure, --probes, --fresh, --layouts or "
+              "--fresh-from-gloo", file=sys.stderr)
         return 2
-    if args.fresh_from_gloo and (args.measure or args.probes or args.fresh):
+    if args.runs < 1 or (args.runs > 1 and not (args.measure or args.layouts)):
+        print(f"python -m gnn_ptp.descriptor: error: --runs {args.runs}: a whole number >= 1, and more than 1 "
+              "only with --measure or --layouts", file=sys.stderr)
+        return 2
+    if args.fresh_from_gloo and (args.measure or args.probes or args.fresh or args.layouts):
         print("python -m gnn_ptp.descriptor: error: --fresh-from-gloo takes a stored kind's figure and measures "
               "nothing: give it without --measure, --probes or --fresh", file=sys.stderr)
         return 2
@@ -798,10 +884,10 @@ def main(argv=None) -> int:
             print(f"python -m gnn_ptp.descriptor: error: {e}", file=sys.stderr)
             return 2
         return show(d)
-    if args.probes or args.fresh:
+    if args.probes or args.fresh or args.layouts:
         name = slug(cpu_model())
         stored = stored_cpus().get(name)
-        flag = "--probes" if args.probes else "--fresh"
+        flag = "--probes" if args.probes else "--fresh" if args.fresh else "--layouts"
         if stored is None:
             print(f"python -m gnn_ptp.descriptor: error: {flag}: no stored descriptor {name!r} for this CPU "
                   f"in {DESCRIPTOR_DIR}/; measure it whole: --measure --write", file=sys.stderr)
@@ -809,11 +895,8 @@ def main(argv=None) -> int:
         log = lambda m: print(m, file=sys.stderr)  # noqa: E731
         d = with_step_probes(stored, args.threads, log=log) if args.probes else stored
         d = with_fresh_alloc(d, args.threads, log=log) if args.fresh else d
+        d = with_gemm_layouts(d, args.threads, args.runs, log=log) if args.layouts else d
         return show(d)
-    if args.runs < 1 or (args.runs > 1 and not args.measure):
-        print(f"python -m gnn_ptp.descriptor: error: --runs {args.runs}: a whole number >= 1, and more than 1 "
-              "only with --measure", file=sys.stderr)
-        return 2
     if args.measure:
         runs = []
         for i in range(args.runs):

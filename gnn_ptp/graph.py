@@ -15,6 +15,8 @@ Tensors of a ``Data``:
   all-reduce overlap model)
 - ``fresh_bytes`` [N, 2]: bytes of the outputs each kernel allocates, and the largest of them (not a
   feature: for the prior's page-fault cost of fresh CPU allocations, ``prior.Profile.fresh_s_per_byte``)
+- ``gemm_layout`` [N] long: a two-operand GEMM's operand layout (``ops.GEMM_LAYOUTS``; 0 for other
+  kernels; not a feature: for a CPU prior fitted with per-layout GEMM ceilings, ``prior.Profile.gemm_layouts``)
 """
 
 from __future__ import annotations
@@ -80,8 +82,8 @@ def to_data(traced: TracedStep):
 
 
 def to_tensors(traced: TracedStep) -> tuple[dict[str, torch.Tensor], StepSummary]:
-    """The graph's tensors (``Data`` fields: x, x_cat, edge_index, edge_attr, u, phase, grad_bytes) and
-    summary, without importing torch_geometric (a forked trace worker need not pay for it)."""
+    """The graph's tensors (``Data`` fields: x, x_cat, edge_index, edge_attr, u, phase, grad_bytes,
+    fresh_bytes, gemm_layout) and summary, without importing torch_geometric (a forked trace worker need not pay for it)."""
     precision = get_precision(traced.config.precision)
     nodes = list(traced.graph.nodes)
     source: dict[torch.fx.Node, dict[int, float]] = {}  # fx node -> {kept index: bytes it carries}
@@ -90,6 +92,7 @@ def to_tensors(traced: TracedStep) -> tuple[dict[str, torch.Tensor], StepSummary
     costs: list[ops.OpCost] = []
     grad_bytes: list[float] = []  # parameter-gradient bytes each kernel finalises (for DDP overlap)
     fresh: list[tuple[float, float]] = []  # bytes each kernel allocates, and its largest allocation
+    layout: list[int] = []  # each GEMM's operand layout (ops.GEMM_LAYOUTS)
 
     def carried(n: torch.fx.Node) -> dict[int, float]:
         return source.get(n, {})
@@ -117,6 +120,7 @@ def to_tensors(traced: TracedStep) -> tuple[dict[str, torch.Tensor], StepSummary
         source[node] = {index: cost.bytes_written}
         grad_bytes.append(float(node.meta.get("grad_bytes", 0)))
         fresh.append((cost.fresh_bytes, cost.fresh_largest_bytes))
+        layout.append(cost.gemm_layout)
         phase_id = PHASES.index(node.meta.get("phase", "forward"))
         phase.append(phase_id)
         x_cat.append([ops.OP_ID.get(cost.op, 0), ops.CATEGORIES.index(cost.category),
@@ -140,6 +144,7 @@ def to_tensors(traced: TracedStep) -> tuple[dict[str, torch.Tensor], StepSummary
         phase=torch.tensor(phase, dtype=torch.long),
         grad_bytes=torch.tensor(grad_bytes, dtype=torch.float64),
         fresh_bytes=torch.tensor(fresh, dtype=torch.float64).reshape(-1, 2),
+        gemm_layout=torch.tensor(layout, dtype=torch.long),
     )
     return tensors, summary
 

@@ -28,6 +28,13 @@ class Hardware:
     source: str = ""
     kind: str = "gpu"
     """"gpu" or "cpu": a CPU runs its kernels on the thread that issues them (``prior.Profile.serial``)."""
+    gemm_layout_ratio: dict[str, float] = field(default_factory=dict)
+    """Per "<dtype>:<layout>" ("bf16:tn"; ``ops.GEMM_LAYOUTS``), the measured GEMM rate of that operand
+    layout over the nn rate (``descriptor.measure_gemm_layouts``); empty where not measured (every GPU)."""
+
+    def layout_ratio(self, dtype: str, layout: str) -> float:
+        """How much faster than ``flops_rate`` a GEMM of ``layout`` runs in ``dtype`` (1 where unmeasured)."""
+        return self.gemm_layout_ratio.get(f"{dtype}:{layout}", 1.0)
 
     def flops_rate(self, dtype: str, tensor_core: bool, gemm: bool = False) -> float:
         """Peak rate of a kernel: GEMM-like kernels (matmul, convolution, attention; ``gemm``) and

@@ -192,6 +192,7 @@ class StepTimeGNN(nn.Module):
             numeric.append(prior.log_node_ms({"x": data.x, "x_cat": x_cat, "phase": data.phase,
                                               "grad_bytes": getattr(data, "grad_bytes", None),
                                               "fresh_bytes": getattr(data, "fresh_bytes", None),
+                                              "gemm_layout": getattr(data, "gemm_layout", None),
                                               "batch": batch}, profile).to(data.x)[:, None])
         h = self.node_in(torch.cat([self.op_embed(x_cat[:, 0]), self.cat_embed(x_cat[:, 1]),
                                     self.dtype_embed(x_cat[:, 2]), self.phase_embed(x_cat[:, 3]),
@@ -227,10 +228,12 @@ class StepTimeGNN(nn.Module):
         if name == "host_s":
             return prior.host_vector(profile).float().expand(int(data.u.shape[0]), -1)
         if name == "prior_device_log_ms":
-            return prior.device_log_ms(data.x, data.x_cat, profile, getattr(data, "fresh_bytes", None)).to(data.x)
+            return prior.device_log_ms(data.x, data.x_cat, profile, getattr(data, "fresh_bytes", None),
+                                       getattr(data, "gemm_layout", None)).to(data.x)
         return prior.log_node_ms({"x": data.x, "x_cat": data.x_cat, "phase": data.phase,
                                   "grad_bytes": getattr(data, "grad_bytes", None),
                                   "fresh_bytes": getattr(data, "fresh_bytes", None),
+                                  "gemm_layout": getattr(data, "gemm_layout", None),
                                   "batch": getattr(data, "batch", None)}, profile).to(data.x)
 
     def forward(self, data) -> dict[str, torch.Tensor]:

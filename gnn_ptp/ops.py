@@ -176,6 +176,42 @@ class OpCost:
     page-faulted in as the kernel writes it (``prior.Profile.fresh_s_per_byte``)."""
     fresh_largest_bytes: float = 0.0
     """The largest of those outputs (the threshold applies per allocation)."""
+    gemm_layout: int = 0
+    """Index into ``GEMM_LAYOUTS`` of a two-operand GEMM's operand layout (``gemm_layout``); 0 for any other
+    op. On a CPU without a fast bf16 GEMM the kernel torch runs depends on it (``prior.Profile.gemm_layouts``)."""
+
+
+GEMM_LAYOUTS = ("", "nn", "nt", "tn", "tt")
+"""Operand layouts of a GEMM ``a @ b`` as row-major torch sees them: "n" an operand whose rows are
+contiguous, "t" one that is a transposed view (its column stride is not 1, its row stride is); "" not a
+two-operand GEMM. An operand laid out neither way is copied to a contiguous one first, so it counts as "n".
+On this project's fourth CPU kind (AMD EPYC family 25, no bf16 instructions) one thread runs a 512^3 bf16
+GEMM at 1.3 GFLOP/s as nn and tt, 9 as nt (a linear layer's forward, ``x @ W.t()``) and 20 as tn (its
+weight gradient, ``grad.t() @ x``), where fp32 runs all four at 76-80 (README, *The CPU prior*)."""
+_GEMM_OPERANDS = {"mm": (0, 1), "bmm": (0, 1), "addmm": (1, 2), "baddbmm": (1, 2), "addbmm": (1, 2)}
+"""Where a GEMM op's two matrix operands sit among its arguments."""
+
+
+def _transposed(t) -> bool:
+    """Whether a matrix operand (its last two dims) is a transposed view: unit stride down its rows."""
+    if t.dim() < 2:
+        return False
+    rows, cols = t.shape[-2], t.shape[-1]
+    row_stride, col_stride = t.stride()[-2], t.stride()[-1]
+    if cols == 1 or rows == 1:  # a vector either way: torch treats it as contiguous
+        return False
+    return col_stride != 1 and row_stride == 1
+
+
+def gemm_layout(op: str, args) -> int:
+    """``GEMM_LAYOUTS`` index of a GEMM op's operands (0 where ``op`` is not one or they are not matrices)."""
+    where = _GEMM_OPERANDS.get(op)
+    if where is None or len(args) <= max(where):
+        return 0
+    a, b = args[where[0]], args[where[1]]
+    if not all(isinstance(t, (torch.Tensor, TensorMeta)) and t.dim() >= 2 for t in (a, b)):
+        return 0
+    return GEMM_LAYOUTS.index(("t" if _transposed(a) else "n") + ("t" if _transposed(b) else "n"))
 
 
 class TensorMeta:
@@ -328,7 +364,8 @@ def op_cost(node, precision) -> OpCost:
     return OpCost(op, cat, dtype, flops, bytes_read, bytes_written,
                   tuple(out_main.shape) if out_main is not None else (),
                   tuple(in_main.shape) if in_main is not None else (),
-                  n_tensors, tensor_core, aligned, float(sum(fresh)), float(max(fresh, default=0)))
+                  n_tensors, tensor_core, aligned, float(sum(fresh)), float(max(fresh, default=0)),
+                  gemm_layout(op, args) if cat == "matmul" else 0)
 
 
 def _fresh_outputs(target, out) -> list:

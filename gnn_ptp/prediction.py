@@ -28,7 +28,7 @@ from gnn_ptp.spec import Shape, parse_spec
 from gnn_ptp.store import from_bytes, to_bytes
 from gnn_ptp.trace import StepConfig
 
-_DATA_FIELDS = ("x", "x_cat", "edge_index", "edge_attr", "u", "phase", "grad_bytes", "fresh_bytes")
+_DATA_FIELDS = ("x", "x_cat", "edge_index", "edge_attr", "u", "phase", "grad_bytes", "fresh_bytes", "gemm_layout")
 MEMORY_VERSION = 1
 """Bump when gnn_ptp/memory.py changes what it counts: cached graphs carry its estimate."""
 

@@ -197,6 +197,14 @@ class Profile:
     3.6x their measured time and 7x7 ones 0.5x; fitted so, left out family by family, it scored worse
     (README, *Analytic H100 mode*)."""
 
+    gemm_layouts: bool = False
+    """Where fitted so (``prior_fit.fit_device(gemm_layouts=True)``), a two-operand GEMM (``ops.GEMM_LAYOUTS``)
+    runs at its operand layout's measured ceiling, ``Hardware.flops_rate`` times ``Hardware.layout_ratio``
+    (a CPU descriptor's ``gemm_layout_flops_per_s``; 1 for a layout or hardware without one), and its curve
+    is a fraction of that. On a CPU without a fast bf16 path torch runs each layout through another kernel:
+    the fourth kind here runs bf16 nt GEMMs (a linear layer's forward) 7x and tn ones (its weight gradient)
+    18x faster than nn ones (its input gradient), where one curve per dtype has to average them."""
+
     channel_ramp: dict[str, tuple[float, float]] = field(default_factory=dict)
     """Where fitted so, per batch-norm op ("batch_norm", "batch_norm_backward"), (half_channels, slope): its
     kernel time is multiplied by ``1 + (half_channels / channels) ** slope``. A GPU's batch norm reduces
@@ -427,7 +435,7 @@ def calibration() -> dict:
 PREDICTIVE_KEYS = ("gemm", "vector", "memory", "launch_floor_s", "host_issue_s", "host_fixed_s")
 OPTIONAL_PREDICTIVE_KEYS = ("vector_fraction", "memory_fraction", "memory_half_size", "streaming",
                             "fresh_threshold_bytes", "fresh_s_per_byte", "depthwise", "conv_intensity",
-                            "channel_ramp")
+                            "channel_ramp", "gemm_layouts")
 """Predictive keys a section may lack; the digest covers them only where present, so that a section
 written before they existed keeps its digest (and the checkpoints trained over it stay valid)."""
 
@@ -462,7 +470,8 @@ def profile_from_dict(hw: Hardware, d: dict) -> Profile:
                    float(d["fresh_threshold_bytes"]) if d.get("fresh_threshold_bytes") is not None else None,
                    float(d.get("fresh_s_per_byte", 0.0)),
                    borrowed_depthwise(hw, d), conv_intensity=d.get("conv_intensity", "tensor"),
-                   channel_ramp={k: (float(v[0]), float(v[1])) for k, v in d.get("channel_ramp", {}).items()})
+                   channel_ramp={k: (float(v[0]), float(v[1])) for k, v in d.get("channel_ramp", {}).items()},
+                   gemm_layouts=bool(d.get("gemm_layouts", False)))
 
 
 def borrowed_depthwise(hw: Hardware, d: dict) -> dict[str, tuple[float, ...]]:
@@ -513,8 +522,23 @@ def fresh_seconds(fresh: torch.Tensor | None, threshold: float | None, s_per_byt
     return faulted * s_per_byte
 
 
+def layout_factor(hw: Hardware, dtype: torch.Tensor, layout: torch.Tensor | None) -> torch.Tensor | None:
+    """Per node (float64 [N]) ``hw``'s ceiling of its GEMM layout over its nn ceiling (``Hardware.layout_ratio``;
+    1 for a node that is no two-operand GEMM); None where ``layout`` is unknown or ``hw`` has no such ratio."""
+    if layout is None or not hw.gemm_layout_ratio:
+        return None
+    layout = layout.reshape(-1).long()
+    out = torch.ones(layout.shape[0], dtype=torch.float64)
+    has = layout > 0
+    if not bool(has.any()):
+        return out
+    for d, code in set(zip(dtype[has].tolist(), layout[has].tolist())):
+        out[has & (dtype == d) & (layout == code)] = hw.layout_ratio(ops.DTYPES[d], ops.GEMM_LAYOUTS[code])
+    return out
+
+
 def _kernel_seconds(x: torch.Tensor, x_cat: torch.Tensor, profile: Profile,
-                    *ceilings: Hardware) -> tuple[torch.Tensor, list[torch.Tensor]]:
+                    *ceilings: Hardware, layout: torch.Tensor | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """Per node (float64 [N]): the time the profile's curves give it (compute or memory, the longer; no
     launch floor, no fresh allocations), and for each of ``ceilings`` its time at those peak rates with
     ideal curves, ``max(FLOPs / rate of its path, bytes / bandwidth)``, a ``streaming`` category by its
@@ -553,6 +577,12 @@ def _kernel_seconds(x: torch.Tensor, x_cat: torch.Tensor, profile: Profile,
         for peak, ceiling in zip(peaks, ceilings):
             peak[rows] = float("inf") if streaming else ceiling.flops_rate(name, t, gemm=g)
         bandwidth[rows] = profile.memory_curve(cat, name, o)(moved[rows])
+    if profile.gemm_layouts:  # each GEMM at its operand layout's ceiling (Profile.gemm_layouts)
+        factor = layout_factor(hw, dtype, layout)
+        rate = rate if factor is None else rate * factor
+        for i, ceiling in enumerate(ceilings):
+            factor = layout_factor(ceiling, dtype, layout)
+            peaks[i] = peaks[i] if factor is None else peaks[i] * factor
     compute_s = flops / (rate * efficiency)
     memory_s = moved / (hw.memory_bandwidth_Bps * bandwidth)
     ideal_s = [torch.maximum(flops / peak, moved / ceiling.memory_bandwidth_Bps)
@@ -614,15 +644,16 @@ def split_moved_seconds(source_s: torch.Tensor, source_ideal_s: torch.Tensor, ta
 
 
 def node_seconds(x: torch.Tensor, x_cat: torch.Tensor, profile: Profile,
-                 fresh: torch.Tensor | None = None) -> torch.Tensor:
-    """Prior time in seconds of every node (float64 [N]) from its features (graph.py's ``x``, ``x_cat``)
-    and, on a CPU whose fresh-allocation cost is measured, what it allocates (``fresh_bytes``)."""
+                 fresh: torch.Tensor | None = None, layout: torch.Tensor | None = None) -> torch.Tensor:
+    """Prior time in seconds of every node (float64 [N]) from its features (graph.py's ``x``, ``x_cat``),
+    on a CPU whose fresh-allocation cost is measured what it allocates (``fresh_bytes``), and on a profile
+    fitted with GEMM layouts each GEMM's operand layout (``gemm_layout``, ``Profile.gemm_layouts``)."""
     if profile.moved_from is None:
-        seconds, _ = _kernel_seconds(x, x_cat, profile)
+        seconds, _ = _kernel_seconds(x, x_cat, profile, layout=layout)
     else:
         source, source_ceilings, target_ceilings, rest_ratio = profile.moved_from
         source_s, (source_ideal_s, target_ideal_s) = _kernel_seconds(x, x_cat, source, source_ceilings,
-                                                                     target_ceilings)
+                                                                     target_ceilings, layout=layout)
         seconds = split_moved_seconds(source_s, source_ideal_s, target_ideal_s, rest_ratio)
     seconds = torch.maximum(seconds, torch.full_like(seconds, profile.launch_floor_s))
     faults = fresh_seconds(fresh, profile.fresh_threshold_bytes, profile.fresh_s_per_byte)
@@ -663,8 +694,8 @@ def log_node_ms(tensors, profile: Profile) -> torch.Tensor:
     or for a profile with host issue costs the node's share of its phase in the step's launch queue
     (``queued_node_seconds``; needs ``phase`` in ``tensors``, else the device time). ``tensors`` may hold
     one graph or a batch of them (``batch``: each node's graph), ``grad_bytes`` and ``fresh_bytes``."""
-    fresh = tensors.get("fresh_bytes") if isinstance(tensors, dict) else getattr(tensors, "fresh_bytes", None)
-    seconds = node_seconds(tensors["x"], tensors["x_cat"], profile, fresh)
+    get = tensors.get if isinstance(tensors, dict) else lambda k: getattr(tensors, k, None)
+    seconds = node_seconds(tensors["x"], tensors["x_cat"], profile, get("fresh_bytes"), get("gemm_layout"))
     phase = tensors.get("phase") if isinstance(tensors, dict) else None
     if phase is not None:
         seconds = queued_node_seconds(seconds, phase, profile, tensors.get("grad_bytes"), tensors.get("batch"))
@@ -804,16 +835,17 @@ def phase_seconds(device_s: torch.Tensor, phase: torch.Tensor, host: torch.Tenso
 
 
 def device_log_ms(x: torch.Tensor, x_cat: torch.Tensor, profile: Profile,
-                  fresh: torch.Tensor | None = None) -> torch.Tensor:
+                  fresh: torch.Tensor | None = None, layout: torch.Tensor | None = None) -> torch.Tensor:
     """Each node's device time alone (``node_seconds``), log ms, float32 [N]."""
-    return torch.log(node_seconds(x, x_cat, profile, fresh) * 1e3).float()
+    return torch.log(node_seconds(x, x_cat, profile, fresh, layout) * 1e3).float()
 
 
 def price(sample, profile: Profile) -> None:
     """Give a graph sample the prior's view of it under ``profile``: ``prior_log_ms`` [N] (each node's share
     of the launch queue, ``log_node_ms``), ``prior_device_log_ms`` [N] (each kernel's device time alone, log
     ms) and ``host_s`` [1, HOST_FIELDS] (``host_vector``): what a residual GNN reads (``model.py``)."""
-    seconds = node_seconds(sample.x, sample.x_cat, profile, getattr(sample, "fresh_bytes", None))  # both views
+    seconds = node_seconds(sample.x, sample.x_cat, profile, getattr(sample, "fresh_bytes", None),
+                           getattr(sample, "gemm_layout", None))  # both views
     queued = queued_node_seconds(seconds, sample.phase, profile, getattr(sample, "grad_bytes", None))
     sample.prior_log_ms = torch.log(queued * 1e3).float()  # = log_node_ms
     sample.prior_device_log_ms = torch.log(seconds * 1e3).float()  # = device_log_ms
@@ -829,7 +861,7 @@ def phase_ms(tensors, profile: Profile) -> np.ndarray:
     """Prior ms of [forward, backward, optimizer, whole step] of one graph (a ``Data`` or a dict of its
     tensors with ``x``, ``x_cat``, ``phase`` and, for the launch queue, ``grad_bytes``)."""
     get = tensors.get if isinstance(tensors, dict) else lambda k: getattr(tensors, k, None)
-    seconds = node_seconds(get("x"), get("x_cat"), profile, get("fresh_bytes"))
+    seconds = node_seconds(get("x"), get("x_cat"), profile, get("fresh_bytes"), get("gemm_layout"))
     out = graph_phase_ms(seconds, get("phase"), profile, get("grad_bytes")).numpy()
     return np.append(out, out.sum())
 
@@ -846,7 +878,8 @@ class AnalyticModel:
         self.profile = profile
 
     def __call__(self, batch) -> dict[str, torch.Tensor]:
-        seconds = node_seconds(batch.x, batch.x_cat, self.profile, getattr(batch, "fresh_bytes", None))
+        seconds = node_seconds(batch.x, batch.x_cat, self.profile, getattr(batch, "fresh_bytes", None),
+                               getattr(batch, "gemm_layout", None))
         node_ms = queued_node_seconds(seconds, batch.phase, self.profile, getattr(batch, "grad_bytes", None),
                                       batch.batch) * 1e3
         graphs = int(batch.num_graphs)

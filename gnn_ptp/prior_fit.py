@@ -81,6 +81,9 @@ class KernelRows:
     none)."""
     optimizer: torch.Tensor | None = None
     """Per row, whether the kernel runs in the optimizer phase (None: unknown, none)."""
+    layout: torch.Tensor | None = None
+    """Per row, a two-operand GEMM's operand layout (graph.py's ``gemm_layout``, ``ops.GEMM_LAYOUTS``; 0 for
+    other kernels; None: unknown)."""
 
     def __len__(self) -> int:
         return int(self.seconds.numel())
@@ -114,7 +117,7 @@ def kernel_rows(samples: list, node_seconds: dict[str, list[torch.Tensor]]) -> K
     """Rows of every node with a measured device time > 0 (``node_seconds``: per configuration key, one
     tensor of per-node seconds per profile, NaN where unmatched; profiles of a configuration averaged)."""
     parts = {k: [] for k in ("flops", "moved", "dtype", "gemm", "tc", "cat", "family", "s", "draw", "bwd", "fresh",
-                                 "grouped", "depthwise", "conv_gemm", "bn_channels", "opt")}
+                                 "grouped", "depthwise", "conv_gemm", "bn_channels", "opt", "layout")}
     gemm_ids = torch.tensor([ops.CATEGORIES.index(c) for c in ops.TENSOR_CORE_CATEGORIES])
     for s in samples:
         per_profile = node_seconds.get(s.key)
@@ -142,6 +145,8 @@ def kernel_rows(samples: list, node_seconds: dict[str, list[torch.Tensor]]) -> K
         parts["depthwise"].append(prior.depthwise_shapes(x, x_cat))
         parts["conv_gemm"].append(prior.conv_gemm_intensity(x, x_cat))
         parts["bn_channels"].append(prior.batch_norm_channels(x, x_cat))
+        layout = getattr(s, "gemm_layout", None)
+        parts["layout"].append(layout[keep].long() if layout is not None else torch.zeros(int(keep.sum()), dtype=torch.long))
         fresh = getattr(s, "fresh_bytes", None)
         parts["fresh"].append(fresh[keep].double() if fresh is not None else torch.zeros(int(keep.sum()), 2,
                                                                                           dtype=torch.float64))
@@ -151,7 +156,8 @@ def kernel_rows(samples: list, node_seconds: dict[str, list[torch.Tensor]]) -> K
                       torch.cat(parts["gemm"]), torch.cat(parts["tc"]), parts["cat"], parts["family"],
                       torch.cat(parts["s"]), torch.cat(parts["draw"]), torch.cat(parts["bwd"]),
                       torch.cat(parts["fresh"]), torch.cat(parts["grouped"]), torch.cat(parts["depthwise"]),
-                      torch.cat(parts["conv_gemm"]), torch.cat(parts["bn_channels"]), torch.cat(parts["opt"]))
+                      torch.cat(parts["conv_gemm"]), torch.cat(parts["bn_channels"]), torch.cat(parts["opt"]),
+                      torch.cat(parts["layout"]))
 
 
 def row_draws(key: str, n: int) -> torch.Tensor:
@@ -257,10 +263,19 @@ def _shifted(base: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
     return torch.cat([base[:shift.numel()] + shift, base[shift.numel():]])
 
 
-def _rates(rows: KernelRows, hw: Hardware) -> torch.Tensor:
-    return torch.tensor([hw.flops_rate(d, bool(t), gemm=bool(g))
-                         for d, t, g in zip(rows.dtype, rows.tensor_core.tolist(), rows.gemm.tolist())],
-                        dtype=torch.float64)
+def _rates(rows: KernelRows, hw: Hardware, gemm_layouts: bool = False) -> torch.Tensor:
+    """Per row its peak rate (``Hardware.flops_rate``); with ``gemm_layouts`` a GEMM's at its operand
+    layout's ceiling (``prior.Profile.gemm_layouts``)."""
+    rates = torch.tensor([hw.flops_rate(d, bool(t), gemm=bool(g))
+                          for d, t, g in zip(rows.dtype, rows.tensor_core.tolist(), rows.gemm.tolist())],
+                         dtype=torch.float64)
+    if gemm_layouts and rows.layout is not None and hw.gemm_layout_ratio:
+        from gnn_ptp import ops
+
+        factor = [hw.layout_ratio(d, ops.GEMM_LAYOUTS[code]) if code > 0 else 1.0
+                  for d, code in zip(rows.dtype, rows.layout.tolist())]
+        rates = rates * torch.tensor(factor, dtype=torch.float64)
+    return rates
 
 
 def _masks(groups: list[str]) -> dict[str, torch.Tensor]:
@@ -366,7 +381,8 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
                streaming: tuple[str, ...] | None = None, backward_curves: bool = False,
                fresh: dict | None = None, grouped_conv: bool = False, depthwise: bool = False,
                conv_intensity: str = "tensor", channel_ramp: bool = False, optimizer_memory: bool = False,
-               own_vector: tuple[str, ...] = (), own_memory: tuple[str, ...] = ()) -> dict:
+               own_vector: tuple[str, ...] = (), own_memory: tuple[str, ...] = (),
+               gemm_layouts: bool = False) -> dict:
     """Curves (``prior.Curve`` dicts) for GEMM-like kernels per category and dtype (``by_category``; else per
     dtype), other compute ("vector"), memory traffic, and the device floor in seconds, fitted to ``rows``.
     With ``intensity`` the compute curves also ramp with arithmetic intensity; with ``vector_by_category``
@@ -400,7 +416,10 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
     categories their own peak fraction of the vector curve and ``own_memory`` categories their own bandwidth
     curve where ``vector_by_category`` and ``memory_by_category`` pool the others (on the CPU kinds here the
     random generator's kernels price at 0.11-0.14 of their time with the pooled vector curve, and the
-    optimizer's in-place updates of 10 KB-1 MB at 1.2-1.7x theirs: README, *The CPU prior*)."""
+    optimizer's in-place updates of 10 KB-1 MB at 1.2-1.7x theirs: README, *The CPU prior*). With
+    ``gemm_layouts`` each two-operand GEMM's peak is its operand layout's measured ceiling
+    (``prior.Profile.gemm_layouts``: ``hw.gemm_layout_ratio``, a CPU descriptor's per-layout rates), so the
+    curves are fractions of that; it changes nothing on hardware without such rates."""
     fit_fresh = bool(fresh) and fresh.get("s_per_byte") is None
     law, rows = _depthwise_apart(rows, None if fit_fresh else fresh) if depthwise else ({}, rows)
     if streaming is None:
@@ -408,7 +427,7 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
     groups = _groups(rows, by_category, vector_by_category, backward_curves, grouped_conv, tuple(own_vector))
     counts = Counter(groups)
     groups = [_fallback(g, counts) if ":" in g and counts[g] < MIN_GROUP_ROWS else g for g in groups]
-    rates = _rates(rows, hw)
+    rates = _rates(rows, hw, gemm_layouts)
     streams = torch.tensor([c in streaming and not g for c, g in zip(rows.category, rows.gemm.tolist())])
     masks = {n: m & ~streams for n, m in _masks(groups).items()}
     masks = {n: m for n, m in masks.items() if bool(m.any())}
@@ -483,6 +502,8 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
             out["depthwise"] = law
         if conv_intensity != "tensor":
             out["conv_intensity"] = conv_intensity
+        if gemm_layouts:
+            out["gemm_layouts"] = True
         if "cramp:batch_norm" in params:
             out["channel_ramp"] = {name: [float(v) for v in params[f"cramp:{name}"].exp()]
                                    for name in prior.BATCH_NORM_OPS}
@@ -544,6 +565,8 @@ def device_profile(hw: Hardware, fitted: dict, host_s=None, fixed_s=None) -> pri
         d["conv_intensity"] = fitted["conv_intensity"]
     if fitted.get("channel_ramp"):
         d["channel_ramp"] = fitted["channel_ramp"]
+    if fitted.get("gemm_layouts"):
+        d["gemm_layouts"] = True
     if fitted.get("fresh"):
         d["fresh_threshold_bytes"] = fitted["fresh"]["threshold_bytes"]
         d["fresh_s_per_byte"] = fitted["fresh"]["s_per_byte"]
@@ -572,7 +595,7 @@ def kernel_errors(rows: KernelRows, profile: prior.Profile) -> dict:
 
 def _prior_seconds(rows: KernelRows, profile: prior.Profile) -> torch.Tensor:
     hw = profile.hardware
-    rates = _rates(rows, hw)
+    rates = _rates(rows, hw, profile.gemm_layouts)
     eff = torch.empty_like(rows.seconds)
     intensity = _intensity(rows, profile.conv_intensity)
     for name, m in _masks(_groups(rows, vector_by_category=True, backward_curves=True,
@@ -626,7 +649,7 @@ def fit_host(samples: list, profile: prior.Profile, per_kernel_us=None, per_phas
     phases = len(prior.PHASE_NAMES)
     rows = []  # per sample: per phase (queue seconds [H], device sum s, kernels, measured s)
     for s in samples:
-        t = prior.node_seconds(s.x, s.x_cat, profile, getattr(s, "fresh_bytes", None))
+        t = prior.node_seconds(s.x, s.x_cat, profile, getattr(s, "fresh_bytes", None), getattr(s, "gemm_layout", None))
         measured = s.y[0].double().exp() * 1e-3
         row = []
         for p in range(phases):
@@ -727,7 +750,7 @@ def take(rows: KernelRows, keep: torch.Tensor) -> KernelRows:
                       rows.tensor_core[keep], [rows.category[i] for i in pick], [rows.family[i] for i in pick],
                       rows.seconds[keep], part(rows.draw), part(rows.backward), part(rows.fresh),
                       part(rows.grouped), part(rows.depthwise), part(rows.conv_gemm), part(rows.bn_channels),
-                      part(rows.optimizer))
+                      part(rows.optimizer), part(rows.layout))
 
 
 def fit(samples: list, node_seconds: dict, hw: Hardware, max_rows: int | None = None, **device_kw):
@@ -754,7 +777,8 @@ def section_options(section: dict) -> dict:
     return {"vector_by_category": bool(section.get("vector_fraction")),
             "memory_by_category": bool(section.get("memory_fraction")),
             "channel_ramp": bool(section.get("channel_ramp")),
-            "conv_intensity": section.get("conv_intensity") or "tensor"}
+            "conv_intensity": section.get("conv_intensity") or "tensor",
+            "gemm_layouts": bool(section.get("gemm_layouts"))}
 
 
 MAX_ROWS = 80_000

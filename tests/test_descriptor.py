@@ -186,8 +186,10 @@ def test_descriptors_are_read_from_a_folder_keyed_by_cpu_model(tmp_path, monkeyp
 
 
 def test_measure_cpu_returns_positive_ceilings_named_by_this_cpu(monkeypatch):
-    d = descriptor.measure_cpu(threads=1, sizes=(64, 128))
+    d = descriptor.measure_cpu(threads=1, sizes=(64, 128), layout_sizes=(64,))
     assert d.kind == "cpu" and d.measured and d.name == descriptor.slug(descriptor.cpu_model())
+    assert set(d.gemm_layout_flops_per_s) == {"fp32", "bf16", "fp16"}
+    assert all(set(r) == {"nn", "nt", "tn", "tt"} and min(r.values()) > 0 for r in d.gemm_layout_flops_per_s.values())
     assert all(v > 0 for v in d.gemm_flops_per_s.values())
     assert d.gemm_flops_per_s["tf32"] == d.gemm_flops_per_s["fp32"]
     assert d.memory_bandwidth_Bps > 1e8 and 0 < d.launch_floor_s < 1e-3
@@ -583,3 +585,30 @@ def test_transfer_prior_refuses_what_it_cannot_compare(tmp_path):
         module.main(["--data", "datasets/cpu"])
     with pytest.raises(UserError, match="not a CPU kind"):
         module.main(["--data", "datasets/cpu", "datasets/h200-blind"])
+
+
+def test_gemm_layout_rates_become_ratios_over_nn_that_a_transfer_carries_to_the_target(monkeypatch, capsys):
+    """SYNTHETIC per-layout rates: the hardware of a descriptor with them says how much faster each layout
+    runs than nn (tf32 as fp32), one without says nothing (1); a prior moved onto a kind takes that kind's
+    ratios; several runs give the median; ``--layouts`` adds them to this CPU's stored descriptor only."""
+    from dataclasses import replace
+
+    rates = {"bf16": {"nn": 1e9, "nt": 7e9, "tn": 18e9, "tt": 1e9}, "fp32": {"nn": 8e10, "nt": 8e10, "tn": 4e10, "tt": 8e10}}
+    slow = replace(synthetic_cpu(1.0), gemm_layout_flops_per_s=rates)
+    hw = slow.hardware()
+    assert hw.layout_ratio("bf16", "tn") == pytest.approx(18.0) and hw.layout_ratio("tf32", "tn") == pytest.approx(0.5)
+    assert synthetic_cpu(1.0).hardware().layout_ratio("bf16", "tn") == 1.0
+    assert hw.layout_ratio("fp16", "tn") == 1.0  # a dtype not measured
+    moved = descriptor.transfer(prior.get_profile("cpu"), descriptor.reference_cpu(), slow, mode="ceilings")
+    assert moved.hardware.gemm_layout_ratio == slow.layout_ratios()
+    runs = [rates, {"bf16": {"nn": 3e9, "nt": 5e9, "tn": 20e9, "tt": 1e9}, "fp32": rates["fp32"]},
+            {"bf16": {"nn": 2e9, "nt": 6e9, "tn": 19e9, "tt": 1e9}, "fp32": rates["fp32"]}]
+    assert descriptor.median_layouts(runs)["bf16"] == {"nn": 2e9, "nt": 6e9, "tn": 19e9, "tt": 1e9}
+    assert descriptor.median_layouts([{}]) == {}
+    with pytest.raises(UserError, match="not this CPU's"):
+        descriptor.with_gemm_layouts(synthetic_cpu(1.0))
+    monkeypatch.setattr(descriptor, "stored_cpus", lambda folder=None: {})
+    assert descriptor.main(["--layouts"]) == 2
+    assert "--layouts: no stored descriptor" in capsys.readouterr().err
+    assert descriptor.main(["--runs", "3", "--probes"]) == 2
+    assert "only with --measure or --layouts" in capsys.readouterr().err

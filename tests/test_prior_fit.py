@@ -308,11 +308,12 @@ def test_section_options_read_how_a_shipped_section_was_fitted():
     from gnn_ptp import prior
 
     assert prior_fit.section_options({"gemm": {}}) == {"vector_by_category": False, "memory_by_category": False,
-                                                       "channel_ramp": False, "conv_intensity": "tensor"}
+                                                       "channel_ramp": False, "conv_intensity": "tensor",
+                                                       "gemm_layouts": False}
     full = {"vector_fraction": {"norm": 0.5}, "memory_fraction": {"copy:fp32": 1.0}, "channel_ramp": {"x": [1, 1]},
-            "conv_intensity": "gemm"}
+            "conv_intensity": "gemm", "gemm_layouts": True}
     assert prior_fit.section_options(full) == {"vector_by_category": True, "memory_by_category": True,
-                                               "channel_ramp": True, "conv_intensity": "gemm"}
+                                               "channel_ramp": True, "conv_intensity": "gemm", "gemm_layouts": True}
     table = prior.calibration()
     assert prior_fit.section_options(table["cpu"])["vector_by_category"]  # per-category since the 19th session
     assert prior_fit.section_options(table["cpu-amd-epyc-family-26-model-2"])["memory_by_category"]
@@ -924,3 +925,44 @@ def test_kernel_classes_give_the_optimizer_phase_random_and_norms_their_own_curv
     assert seconds[0] / seconds[1] == pytest.approx(2.0, rel=1e-6)
     plain = prior.node_seconds(x, x_cat, prior.profile_from_dict(CPU, CPU_TRUE))
     assert plain[0] == pytest.approx(plain[1]) and plain[0] == pytest.approx(seconds[0])
+
+
+def test_gemms_priced_at_their_layout_s_ceiling_where_a_fit_has_layouts():
+    """SYNTHETIC bf16 GEMMs of a CPU without a fast bf16 path: the same sizes run 7x (nt) and 18x (tn) faster
+    than nn, as the fourth kind's descriptor measured. One curve per dtype cannot price all three; a fit with
+    ``gemm_layouts`` (each GEMM's peak its layout's ceiling) can. A profile fitted so prices a node by its
+    layout and a hardware without layout rates is unchanged; a section without the flag keeps its digest."""
+    ratio = {"bf16:nn": 1.0, "bf16:nt": 7.0, "bf16:tn": 18.0, "bf16:tt": 1.0}
+    hw = replace(CPU, gemm_layout_ratio=ratio)
+    g = torch.Generator().manual_seed(5)
+    n = 3000
+    layout = torch.randint(1, 4, (n,), generator=g)  # nn, nt, tn
+    flops = 10 ** (6 + 4 * torch.rand(n, generator=g, dtype=torch.float64))
+    rows = prior_fit.KernelRows(flops, flops ** (2 / 3) * 6, ["bf16"] * n, torch.ones(n, dtype=torch.bool),
+                                torch.ones(n, dtype=torch.bool), ["matmul"] * n, ["synthetic"] * n,
+                                torch.zeros(n, dtype=torch.float64), layout=layout)
+    truth = replace(prior.profile_from_dict(hw, CPU_TRUE), gemm_layouts=True)
+    rows.seconds = prior_fit._prior_seconds(rows, truth) * torch.exp(0.05 * torch.randn(n, generator=g,
+                                                                                         dtype=torch.float64))
+    with_layouts = prior_fit.fit_device(rows, hw, steps=1500, intensity=False, gemm_layouts=True)
+    without = prior_fit.fit_device(rows, hw, steps=1500, intensity=False)
+    assert with_layouts["gemm_layouts"] and "gemm_layouts" not in without
+    good = prior_fit.kernel_errors(rows, prior_fit.device_profile(hw, with_layouts))["all"]["median_ape"]
+    bad = prior_fit.kernel_errors(rows, prior_fit.device_profile(hw, without))["all"]["median_ape"]
+    assert good < 8 and bad > 50
+
+    profile = prior_fit.device_profile(hw, with_layouts)
+    x = torch.zeros(3, NODE_FEATURES)
+    x[:, 0] = math.log2(1 + 1e8)
+    x[:, prior.TC_COLUMN] = 1.0
+    x_cat = torch.tensor([[ops.OP_ID["mm"], ops.CATEGORIES.index("matmul"), ops.DTYPE_ID["bf16"], 0]] * 3)
+    codes = torch.tensor([ops.GEMM_LAYOUTS.index(k) for k in ("nn", "nt", "tn")])
+    priced = prior.node_seconds(x, x_cat, profile, layout=codes)
+    assert (priced[0] / priced[1]).item() == pytest.approx(7.0, rel=1e-6)
+    assert (priced[0] / priced[2]).item() == pytest.approx(18.0, rel=1e-6)
+    unknown = prior.node_seconds(x, x_cat, profile)  # a graph cached before layouts: every GEMM at nn
+    assert torch.allclose(unknown, priced[:1].expand(3))
+    plain = prior.node_seconds(x, x_cat, replace(profile, hardware=CPU), layout=codes)  # no layout rates
+    assert torch.allclose(plain, plain[:1].expand(3))
+    assert prior.profile_from_dict(hw, {**CPU_TRUE, "gemm_layouts": True}).gemm_layouts
+    assert not prior.profile_from_dict(hw, CPU_TRUE).gemm_layouts
