@@ -186,8 +186,9 @@ GEMM_LAYOUTS = ("", "nn", "nt", "tn", "tt")
 contiguous, "t" one that is a transposed view (its column stride is not 1, its row stride is); "" not a
 two-operand GEMM. An operand laid out neither way is copied to a contiguous one first, so it counts as "n".
 On this project's fourth CPU kind (AMD EPYC family 25, no bf16 instructions) one thread runs a 512^3 bf16
-GEMM at 1.3 GFLOP/s as nn and tt, 9 as nt (a linear layer's forward, ``x @ W.t()``) and 20 as tn (its
-weight gradient, ``grad.t() @ x``), where fp32 runs all four at 76-80 (README, *The CPU prior*)."""
+GEMM at 1.3 GFLOP/s as nn and tt, 9.4 as nt (a linear layer's forward, ``x @ W.t()``) and 23.7 as tn (its
+weight gradient, ``grad.t() @ x``), where fp32 runs all four at 83-90 (its descriptor's median of three runs;
+README, *A fourth CPU kind*)."""
 _GEMM_OPERANDS = {"mm": (0, 1), "bmm": (0, 1), "addmm": (1, 2), "baddbmm": (1, 2), "addbmm": (1, 2)}
 """Where a GEMM op's two matrix operands sit among its arguments."""
 
