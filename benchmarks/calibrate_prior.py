@@ -599,6 +599,9 @@ def main() -> None:
                     help="with --profiles on a CPU kind whose descriptor has per-layout GEMM rates (python -m "
                          "gnn_ptp.descriptor --layouts): each two-operand GEMM's peak is its operand layout's "
                          "(nn, nt, tn, tt) measured ceiling, the curves fractions of it (prior.Profile.gemm_layouts)")
+    ap.add_argument("--gemm-layout-curves", action="store_true",
+                    help="with --profiles: each two-operand matmul gets a curve of its own per operand layout and "
+                         "dtype (matmul@tn:bf16: its own size and intensity ramps), fitted to the profiles")
     ap.add_argument("--no-intensity", action="store_true",
                     help="with --profiles: curves by kernel size alone, without the arithmetic-intensity ramp")
     ap.add_argument("--neusight", type=Path, help="a checkout of github.com/sitfor/NeuSight (re-fits h100)")
@@ -629,6 +632,7 @@ def main() -> None:
               **({"conv_intensity": "gemm"} if args.conv_gemm_intensity else {}),
               "gpu_channel_ramp": not args.no_bn_channel_ramp,
               **({"gemm_layouts": True} if args.gemm_layouts else {}),
+              **({"layout_curves": True} if args.gemm_layout_curves else {}),
               **(KERNEL_CLASSES if args.kernel_classes else {})}
         if args.lofo_only:
             _, e = fit_profiles_lofo(args.profiles, score_only=True, **kw)

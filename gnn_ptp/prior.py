@@ -247,22 +247,35 @@ class Profile:
         return replace(self.memory, peak_fraction=self.memory.peak_fraction if fraction is None else fraction,
                        half_size=self.memory.half_size if half is None else half)
 
-    def gemm_curve(self, dtype: str, category: str = "matmul", backward: bool = False) -> Curve:
+    @property
+    def layout_curves(self) -> bool:
+        """Whether some two-operand GEMMs have a curve of their own per operand layout
+        (``LAYOUT_MARK``: "matmul@tn:bf16", ``prior_fit.fit_device(layout_curves=True)``)."""
+        return any(LAYOUT_MARK in key for key in self.gemm)
+
+    def gemm_curve(self, dtype: str, category: str = "matmul", backward: bool = False, layout: str = "") -> Curve:
         """The curve of a GEMM-like kernel, the first of ``gemm_keys`` the profile has, else the plain
         roofline."""
-        for key in gemm_keys(dtype, category, backward):
+        for key in gemm_keys(dtype, category, backward, layout):
             if key in self.gemm:
                 return self.gemm[key]
         return Curve()
 
 
-def gemm_keys(dtype: str, category: str = "matmul", backward: bool = False) -> tuple[str, ...]:
+LAYOUT_MARK = "@"
+"""Separates a matmul's operand layout in a curve name: "matmul@tn:bf16" (``gemm_keys``)."""
+
+
+def gemm_keys(dtype: str, category: str = "matmul", backward: bool = False, layout: str = "") -> tuple[str, ...]:
     """Where a GEMM-like kernel's curve is looked up, in order: a grouped convolution's own curves
     (``GROUPED_CONV``: its backward one for a backward node, then its forward one), then for a fused
-    backward kernel (``BACKWARD_CURVES``) its category's backward curve, then its category's in its dtype,
-    the dtype's, the matmul's in that dtype and "default". A fit that pools a group with too few kernels
-    into another (``prior_fit._fallback``) follows the same order."""
+    backward kernel (``BACKWARD_CURVES``) its category's backward curve, for a two-operand matmul of a known
+    ``layout`` its layout's ("matmul@tn:bf16", ``LAYOUT_MARK``), then its category's in its dtype, the
+    dtype's, the matmul's in that dtype and "default". A fit that pools a group with too few kernels into
+    another (``prior_fit._fallback``) follows the same order."""
     keys: tuple[str, ...] = ()
+    if layout and category == "matmul":
+        keys += (f"matmul{LAYOUT_MARK}{layout}:{dtype}",)
     if category == GROUPED_CONV:
         keys = ((f"{GROUPED_CONV}{BACKWARD_SUFFIX}:{dtype}",) if backward else ()) + (f"{GROUPED_CONV}:{dtype}",)
         category = "conv"
@@ -558,21 +571,24 @@ def _kernel_seconds(x: torch.Tensor, x_cat: torch.Tensor, profile: Profile,
     grouped = (grouped_conv(x, x_cat) if any(key.startswith(GROUPED_CONV) for key in profile.gemm)
                else torch.zeros_like(backward))
     optimizer = optimizer_memory_rows(x_cat[:, 3] == OPTIMIZER_PHASE, gemm, profile)
+    lay = (layout.reshape(-1).long() if profile.layout_curves and layout is not None
+           else torch.zeros_like(category))
     rate = torch.empty_like(flops)
     peaks = [torch.empty_like(flops) for _ in ceilings]
     efficiency = torch.empty_like(flops)
     bandwidth = torch.empty_like(flops)
-    for (d, c, t, g, b, gr, o) in set(zip(dtype.tolist(), category.tolist(), tc.tolist(), gemm.tolist(),
-                                          backward.tolist(), grouped.tolist(), optimizer.tolist())):
+    for (d, c, t, g, b, gr, o, la) in set(zip(dtype.tolist(), category.tolist(), tc.tolist(), gemm.tolist(),
+                                              backward.tolist(), grouped.tolist(), optimizer.tolist(), lay.tolist())):
         rows = ((dtype == d) & (category == c) & (tc == t) & (gemm == g) & (backward == b) & (grouped == gr)
-                & (optimizer == o))
+                & (optimizer == o) & (lay == la))
         name, cat = ops.DTYPES[d], ops.CATEGORIES[c]
         rate[rows] = hw.flops_rate(name, t, gemm=g)
         streaming = not g and cat in profile.streaming
         if streaming:
             efficiency[rows] = float("inf")  # priced by its bytes alone
         else:
-            curve = profile.gemm_curve(name, GROUPED_CONV if gr else cat, b) if g else profile.vector_curve(cat)
+            curve = (profile.gemm_curve(name, GROUPED_CONV if gr else cat, b, ops.GEMM_LAYOUTS[la]) if g
+                     else profile.vector_curve(cat))
             efficiency[rows] = curve(flops[rows], intensity[rows])
         for peak, ceiling in zip(peaks, ceilings):
             peak[rows] = float("inf") if streaming else ceiling.flops_rate(name, t, gemm=g)

@@ -196,20 +196,23 @@ def _intensity(rows: KernelRows, conv_intensity: str = "tensor") -> torch.Tensor
 
 
 def _groups(rows: KernelRows, by_category: bool = True, vector_by_category: bool = False,
-            backward_curves: bool = False, grouped_conv: bool = False, own_vector: tuple[str, ...] = ()) -> list[str]:
+            backward_curves: bool = False, grouped_conv: bool = False, own_vector: tuple[str, ...] = (),
+            layout_curves: bool = False) -> list[str]:
     """The curve each row's compute time uses: "<category>:<dtype>" (or its dtype alone) for GEMM-like
     kernels, with ``backward_curves`` "<category>_backward:<dtype>" for a fused backward kernel
     (``prior.BACKWARD_CURVES``: a convolution's or attention's backward is one node that runs other
     kernels than its forward), with ``grouped_conv`` "conv_grouped:<dtype>" and
     "conv_grouped_backward:<dtype>" for a grouped convolution's forward and backward (``prior.GROUPED_CONV``),
     "vector" otherwise, or with ``vector_by_category`` (or for a category of ``own_vector``)
-    "vector:<category>" (the vector curve at the category's own peak fraction)."""
+    "vector:<category>" (the vector curve at the category's own peak fraction); with ``layout_curves`` a
+    two-operand matmul of known layout "matmul@<layout>:<dtype>" (``prior.LAYOUT_MARK``)."""
     def vector(c):
         return VECTOR_GROUP + c if vector_by_category or c in own_vector else "vector"
     backward = rows.backward.tolist() if rows.backward is not None else [False] * len(rows)
     grouped = rows.grouped.tolist() if grouped_conv and rows.grouped is not None else [False] * len(rows)
+    layouts = (rows.layout.tolist() if layout_curves and rows.layout is not None else [0] * len(rows))
 
-    def gemm(c, d, b, gr):
+    def gemm(c, d, b, gr, la=0):
         if d not in GEMM_DTYPES:
             return "vector"
         if not by_category:
@@ -217,9 +220,13 @@ def _groups(rows: KernelRows, by_category: bool = True, vector_by_category: bool
         if gr:
             return f"{prior.GROUPED_CONV}{prior.BACKWARD_SUFFIX if b else ''}:{d}"
         own_backward = backward_curves and b and c in prior.BACKWARD_CURVES
-        return f"{c}{prior.BACKWARD_SUFFIX}:{d}" if own_backward else f"{c}:{d}"
-    return [gemm(c, d, b, gr) if g else vector(c)
-            for d, g, c, b, gr in zip(rows.dtype, rows.gemm.tolist(), rows.category, backward, grouped)]
+        if own_backward:
+            return f"{c}{prior.BACKWARD_SUFFIX}:{d}"
+        if la and c == "matmul":
+            return f"{c}{prior.LAYOUT_MARK}{ops.GEMM_LAYOUTS[la]}:{d}"
+        return f"{c}:{d}"
+    return [gemm(c, d, b, gr, la) if g else vector(c)
+            for d, g, c, b, gr, la in zip(rows.dtype, rows.gemm.tolist(), rows.category, backward, grouped, layouts)]
 
 
 def _fallback(group: str, counts: Counter) -> str:
@@ -230,8 +237,9 @@ def _fallback(group: str, counts: Counter) -> str:
     if _vector_category(group) is not None:
         return "vector"
     name, dtype = group.split(":")
+    name, _, layout = name.partition(prior.LAYOUT_MARK)
     backward = name.endswith(prior.BACKWARD_SUFFIX)
-    keys = prior.gemm_keys(dtype, name.removesuffix(prior.BACKWARD_SUFFIX), backward)
+    keys = prior.gemm_keys(dtype, name.removesuffix(prior.BACKWARD_SUFFIX), backward, layout)
     for key in keys[keys.index(group) + 1:]:
         if key == dtype:
             break
@@ -270,8 +278,6 @@ def _rates(rows: KernelRows, hw: Hardware, gemm_layouts: bool = False) -> torch.
                           for d, t, g in zip(rows.dtype, rows.tensor_core.tolist(), rows.gemm.tolist())],
                          dtype=torch.float64)
     if gemm_layouts and rows.layout is not None and hw.gemm_layout_ratio:
-        from gnn_ptp import ops
-
         factor = [hw.layout_ratio(d, ops.GEMM_LAYOUTS[code]) if code > 0 else 1.0
                   for d, code in zip(rows.dtype, rows.layout.tolist())]
         rates = rates * torch.tensor(factor, dtype=torch.float64)
@@ -382,7 +388,7 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
                fresh: dict | None = None, grouped_conv: bool = False, depthwise: bool = False,
                conv_intensity: str = "tensor", channel_ramp: bool = False, optimizer_memory: bool = False,
                own_vector: tuple[str, ...] = (), own_memory: tuple[str, ...] = (),
-               gemm_layouts: bool = False) -> dict:
+               gemm_layouts: bool = False, layout_curves: bool = False) -> dict:
     """Curves (``prior.Curve`` dicts) for GEMM-like kernels per category and dtype (``by_category``; else per
     dtype), other compute ("vector"), memory traffic, and the device floor in seconds, fitted to ``rows``.
     With ``intensity`` the compute curves also ramp with arithmetic intensity; with ``vector_by_category``
@@ -419,12 +425,15 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
     optimizer's in-place updates of 10 KB-1 MB at 1.2-1.7x theirs: README, *The CPU prior*). With
     ``gemm_layouts`` each two-operand GEMM's peak is its operand layout's measured ceiling
     (``prior.Profile.gemm_layouts``: ``hw.gemm_layout_ratio``, a CPU descriptor's per-layout rates), so the
-    curves are fractions of that; it changes nothing on hardware without such rates."""
+    curves are fractions of that; it changes nothing on hardware without such rates. With ``layout_curves`` a
+    two-operand matmul gets a curve of its own per operand layout and dtype ("matmul@tn:bf16",
+    ``prior.LAYOUT_MARK``), its own size and intensity ramps, from the profiles alone (no descriptor rates)."""
     fit_fresh = bool(fresh) and fresh.get("s_per_byte") is None
     law, rows = _depthwise_apart(rows, None if fit_fresh else fresh) if depthwise else ({}, rows)
     if streaming is None:
         streaming = STREAMING if memory_by_category and hw.kind != "cpu" else ()
-    groups = _groups(rows, by_category, vector_by_category, backward_curves, grouped_conv, tuple(own_vector))
+    groups = _groups(rows, by_category, vector_by_category, backward_curves, grouped_conv, tuple(own_vector),
+                     layout_curves)
     counts = Counter(groups)
     groups = [_fallback(g, counts) if ":" in g and counts[g] < MIN_GROUP_ROWS else g for g in groups]
     rates = _rates(rows, hw, gemm_layouts)
@@ -599,15 +608,16 @@ def _prior_seconds(rows: KernelRows, profile: prior.Profile) -> torch.Tensor:
     eff = torch.empty_like(rows.seconds)
     intensity = _intensity(rows, profile.conv_intensity)
     for name, m in _masks(_groups(rows, vector_by_category=True, backward_curves=True,
-                                  grouped_conv=True)).items():
+                                  grouped_conv=True, layout_curves=profile.layout_curves)).items():
         category = _vector_category(name)
         if category is not None:
             curve = profile.vector_curve(category)
         else:
             category, dtype = name.split(":")
+            category, _, layout = category.partition(prior.LAYOUT_MARK)
             backward = category.endswith(prior.BACKWARD_SUFFIX)
             category = category.removesuffix(prior.BACKWARD_SUFFIX)
-            curve = profile.gemm_curve(dtype, category, backward)
+            curve = profile.gemm_curve(dtype, category, backward, layout)
         streams = _vector_category(name) is not None and category in profile.streaming
         eff[m] = float("inf") if streams else curve(rows.flops[m], intensity[m])  # streaming: bytes alone
     compute = rows.flops / (rates * eff)
@@ -778,7 +788,8 @@ def section_options(section: dict) -> dict:
             "memory_by_category": bool(section.get("memory_fraction")),
             "channel_ramp": bool(section.get("channel_ramp")),
             "conv_intensity": section.get("conv_intensity") or "tensor",
-            "gemm_layouts": bool(section.get("gemm_layouts"))}
+            "gemm_layouts": bool(section.get("gemm_layouts")),
+            "layout_curves": any(prior.LAYOUT_MARK in k for k in section.get("gemm", {}))}
 
 
 MAX_ROWS = 80_000

@@ -309,11 +309,12 @@ def test_section_options_read_how_a_shipped_section_was_fitted():
 
     assert prior_fit.section_options({"gemm": {}}) == {"vector_by_category": False, "memory_by_category": False,
                                                        "channel_ramp": False, "conv_intensity": "tensor",
-                                                       "gemm_layouts": False}
+                                                       "gemm_layouts": False, "layout_curves": False}
     full = {"vector_fraction": {"norm": 0.5}, "memory_fraction": {"copy:fp32": 1.0}, "channel_ramp": {"x": [1, 1]},
-            "conv_intensity": "gemm", "gemm_layouts": True}
+            "conv_intensity": "gemm", "gemm_layouts": True, "gemm": {"matmul@tn:bf16": {}}}
     assert prior_fit.section_options(full) == {"vector_by_category": True, "memory_by_category": True,
-                                               "channel_ramp": True, "conv_intensity": "gemm", "gemm_layouts": True}
+                                               "channel_ramp": True, "conv_intensity": "gemm", "gemm_layouts": True,
+                                               "layout_curves": True}
     table = prior.calibration()
     assert prior_fit.section_options(table["cpu"])["vector_by_category"]  # per-category since the 19th session
     assert prior_fit.section_options(table["cpu-amd-epyc-family-26-model-2"])["memory_by_category"]
@@ -966,3 +967,45 @@ def test_gemms_priced_at_their_layout_s_ceiling_where_a_fit_has_layouts():
     assert torch.allclose(plain, plain[:1].expand(3))
     assert prior.profile_from_dict(hw, {**CPU_TRUE, "gemm_layouts": True}).gemm_layouts
     assert not prior.profile_from_dict(hw, CPU_TRUE).gemm_layouts
+
+
+def test_a_layout_s_own_curve_follows_its_own_size_ramp():
+    """SYNTHETIC bf16 matmuls whose three layouts grow with size differently (nn slowing down, nt and tn
+    ramping up): a ratio per layout on one shared ramp cannot price them, a curve per layout
+    (``layout_curves``: "matmul@nt:bf16") can; a node is priced by its layout's curve, one of unknown
+    layout by the dtype's."""
+    truth = {"gemm": {"matmul@nn:bf16": {"peak_fraction": 0.02, "half_size": 1e7, "slope": -0.5},
+                      "matmul@nt:bf16": {"peak_fraction": 0.07, "half_size": 3e7, "slope": 1.0},
+                      "matmul@tn:bf16": {"peak_fraction": 0.18, "half_size": 1e8, "slope": 1.5},
+                      "matmul:bf16": {"peak_fraction": 0.01}},
+             "vector": {"peak_fraction": 1.0}, "memory": {"peak_fraction": 100.0}, "launch_floor_s": 1e-6}
+    profile = prior.profile_from_dict(CPU, truth)
+    assert profile.layout_curves and prior.gemm_keys("bf16", "matmul", False, "tn")[0] == "matmul@tn:bf16"
+    g = torch.Generator().manual_seed(6)
+    n = 3000
+    layout = torch.randint(1, 4, (n,), generator=g)
+    flops = 10 ** (6 + 4 * torch.rand(n, generator=g, dtype=torch.float64))
+    rows = prior_fit.KernelRows(flops, flops ** (2 / 3) * 6, ["bf16"] * n, torch.ones(n, dtype=torch.bool),
+                                torch.ones(n, dtype=torch.bool), ["matmul"] * n, ["synthetic"] * n,
+                                torch.zeros(n, dtype=torch.float64), layout=layout)
+    rows.seconds = prior_fit._prior_seconds(rows, profile) * torch.exp(0.05 * torch.randn(n, generator=g,
+                                                                                         dtype=torch.float64))
+    own = prior_fit.fit_device(rows, CPU, steps=1500, intensity=False, layout_curves=True)
+    assert {"matmul@nn:bf16", "matmul@nt:bf16", "matmul@tn:bf16"} <= set(own["gemm"])
+    shared = prior_fit.fit_device(rows, replace(CPU, gemm_layout_ratio={"bf16:nt": 7.0, "bf16:tn": 18.0}), steps=1500,
+                                  intensity=False, gemm_layouts=True)
+    good = prior_fit.kernel_errors(rows, prior_fit.device_profile(CPU, own))["all"]["median_ape"]
+    hw = replace(CPU, gemm_layout_ratio={"bf16:nt": 7.0, "bf16:tn": 18.0})
+    bad = prior_fit.kernel_errors(rows, prior_fit.device_profile(hw, shared))["all"]["median_ape"]
+    assert good < 8 and bad > 2 * good
+
+    fitted = prior_fit.device_profile(CPU, own)
+    x = torch.zeros(2, NODE_FEATURES)
+    x[:, 0] = math.log2(1 + 1e9)
+    x[:, prior.TC_COLUMN] = 1.0
+    x_cat = torch.tensor([[ops.OP_ID["mm"], ops.CATEGORIES.index("matmul"), ops.DTYPE_ID["bf16"], 1]] * 2)
+    codes = torch.tensor([ops.GEMM_LAYOUTS.index("nn"), ops.GEMM_LAYOUTS.index("tn")])
+    priced = prior.node_seconds(x, x_cat, fitted, layout=codes)
+    want = prior.node_seconds(x, x_cat, profile, layout=codes)
+    assert torch.allclose(priced, want, rtol=0.2)
+    assert (priced[0] / priced[1]).item() > 5  # tn far faster than nn at this size
