@@ -598,7 +598,9 @@ def main() -> None:
     ap.add_argument("--gemm-layouts", action="store_true",
                     help="with --profiles on a CPU kind whose descriptor has per-layout GEMM rates (python -m "
                          "gnn_ptp.descriptor --layouts): each two-operand GEMM's peak is its operand layout's "
-                         "(nn, nt, tn, tt) measured ceiling, the curves fractions of it (prior.Profile.gemm_layouts)")
+                         "(nn, nt, tn, tt) measured ceiling, the curves fractions of it (prior.Profile.gemm_layouts; "
+                         "declared on the fourth CPU kind in the twenty-first session, it scored worse left out "
+                         "family by family, 28.3 against 25.5 %%, so no section has it; README *A fourth CPU kind*)")
     ap.add_argument("--gemm-layout-curves", action="store_true",
                     help="with --profiles: each two-operand matmul gets a curve of its own per operand layout and "
                          "dtype (matmul@tn:bf16: its own size and intensity ramps), fitted to the profiles")
