@@ -331,12 +331,13 @@ def _layouts_for(hw, data: Path, device_kw: dict):
         return hw
     env = _first_env(data)
     desc = descriptor.for_env(env) if hw.kind == "cpu" else None
-    if desc is None or not desc.layout_ratios():
+    ratios = desc.layout_ratios() if desc is not None else {}
+    if not ratios:
         raise UserError(f"--gemm-layouts: the hardware of {data} has no measured GEMM layouts "
                         "(python -m gnn_ptp.descriptor --layouts --write on that CPU)")
-    print(f"GEMM layout ratios of {desc.name}: " + ", ".join(f"{k} {v:.2f}" for k, v in desc.layout_ratios().items()
+    print(f"GEMM layout ratios of {desc.name}: " + ", ".join(f"{k} {v:.2f}" for k, v in ratios.items()
                                                             if not k.startswith("tf32")))
-    return replace(hw, gemm_layout_ratio=desc.layout_ratios())
+    return replace(hw, gemm_layout_ratio=ratios)
 
 
 def fit_profiles(data: Path, fit_families: list[str], **device_kw) -> tuple[dict, dict]:

@@ -77,7 +77,7 @@ class Descriptor:
     gemm_layout_flops_per_s: dict = field(default_factory=dict)
     """Per dtype ("fp32", "bf16", "fp16"), the GEMM rate of each operand layout ("nn", "nt", "tn", "tt":
     ``ops.GEMM_LAYOUTS``) measured the same way (``measure_gemm_layouts``); empty where not measured. A CPU
-    without a fast bf16 path runs each layout through another kernel (the fourth kind here: 1.3 to 20 GFLOP/s
+    without a fast bf16 path runs each layout through another kernel (the fourth kind here: 1.3 to 24 GFLOP/s
     in bf16); a prior fitted with them prices each GEMM at its layout's ceiling (``prior.Profile.gemm_layouts``)."""
 
     def __post_init__(self):
@@ -869,7 +869,7 @@ def main(argv=None) -> int:
         return 2
     if args.fresh_from_gloo and (args.measure or args.probes or args.fresh or args.layouts):
         print("python -m gnn_ptp.descriptor: error: --fresh-from-gloo takes a stored kind's figure and measures "
-              "nothing: give it without --measure, --probes or --fresh", file=sys.stderr)
+              "nothing: give it without --measure, --probes, --fresh or --layouts", file=sys.stderr)
         return 2
     if args.fresh_from_gloo:
         stored = stored_cpus().get(args.fresh_from_gloo)

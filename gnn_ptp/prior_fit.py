@@ -277,10 +277,10 @@ def _rates(rows: KernelRows, hw: Hardware, gemm_layouts: bool = False) -> torch.
     rates = torch.tensor([hw.flops_rate(d, bool(t), gemm=bool(g))
                           for d, t, g in zip(rows.dtype, rows.tensor_core.tolist(), rows.gemm.tolist())],
                          dtype=torch.float64)
-    if gemm_layouts and rows.layout is not None and hw.gemm_layout_ratio:
-        factor = [hw.layout_ratio(d, ops.GEMM_LAYOUTS[code]) if code > 0 else 1.0
-                  for d, code in zip(rows.dtype, rows.layout.tolist())]
-        rates = rates * torch.tensor(factor, dtype=torch.float64)
+    if gemm_layouts:
+        dtype = torch.tensor([ops.DTYPE_ID[d] for d in rows.dtype], dtype=torch.long)
+        factor = prior.layout_factor(hw, dtype, rows.layout)
+        rates = rates if factor is None else rates * factor
     return rates
 
 
