@@ -607,6 +607,10 @@ def main() -> None:
                          "dtype (matmul@tn:bf16: its own size and intensity ramps), fitted to the profiles (declared on "
                          "the fourth CPU kind in the twenty-first session: 25.1 against 26.6 %% over its steps but "
                          "25.8 against 25.5 %% as a mean of families, VGG far worse; failed, no section has it)")
+    ap.add_argument("--bounded-layout-curves", action="store_true",
+                    help="with --gemm-layout-curves: each layout's curve holds, beyond the largest kernel (FLOPs) it "
+                         "was fitted on, the fraction it reaches there instead of extrapolating its size ramp "
+                         "(declared on the fourth CPU kind in the twenty-second session)")
     ap.add_argument("--no-intensity", action="store_true",
                     help="with --profiles: curves by kernel size alone, without the arithmetic-intensity ramp")
     ap.add_argument("--neusight", type=Path, help="a checkout of github.com/sitfor/NeuSight (re-fits h100)")
@@ -625,6 +629,8 @@ def main() -> None:
         ap.error("--lofo-only scores --profiles DATA alone and writes nothing: no --write, --neusight or --cpu")
     if args.profiles and args.neusight:
         ap.error("--profiles and --neusight both write the h100 section: give one")
+    if args.bounded_layout_curves and not args.gemm_layout_curves:
+        ap.error("--bounded-layout-curves bounds the curves of --gemm-layout-curves: give both")
     table = json.loads(CALIBRATION_FILE.read_text()) if CALIBRATION_FILE.is_file() else {}
     before = json.loads(json.dumps(table))
     errors = {}
@@ -638,6 +644,7 @@ def main() -> None:
               "gpu_channel_ramp": not args.no_bn_channel_ramp,
               **({"gemm_layouts": True} if args.gemm_layouts else {}),
               **({"layout_curves": True} if args.gemm_layout_curves else {}),
+              **({"bounded_layout_curves": True} if args.bounded_layout_curves else {}),
               **(KERNEL_CLASSES if args.kernel_classes else {})}
         if args.lofo_only:
             _, e = fit_profiles_lofo(args.profiles, score_only=True, **kw)

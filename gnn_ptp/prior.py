@@ -98,9 +98,14 @@ class Curve:
     gives (0: no intensity ramp). A GEMM with a thin side (few channels, a small head) or a depthwise
     convolution runs its tiles half empty long before it is memory-bound."""
     intensity_slope: float = 1.0
+    size_max: float = 0.0
+    """The largest size the curve was fitted on, beyond which it holds the fraction it reaches there (0: the
+    ramp extrapolates; ``prior_fit.fit_device(bounded_layout_curves=True)`` sets it on per-layout curves)."""
 
     def __call__(self, size: torch.Tensor, intensity: torch.Tensor | None = None) -> torch.Tensor:
         size = size.clamp_min(1.0)
+        if self.size_max > 0:
+            size = size.clamp_max(self.size_max)
         if self.half_size <= 0:
             out = torch.full_like(size, self.peak_fraction)
         else:
@@ -112,7 +117,8 @@ class Curve:
     @classmethod
     def from_dict(cls, d: dict) -> "Curve":
         return cls(float(d["peak_fraction"]), float(d.get("half_size", 0.0)), float(d.get("slope", 1.0)),
-                   float(d.get("intensity_half", 0.0)), float(d.get("intensity_slope", 1.0)))
+                   float(d.get("intensity_half", 0.0)), float(d.get("intensity_slope", 1.0)),
+                   float(d.get("size_max", 0.0)))
 
 
 @dataclass(frozen=True)

@@ -388,7 +388,8 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
                fresh: dict | None = None, grouped_conv: bool = False, depthwise: bool = False,
                conv_intensity: str = "tensor", channel_ramp: bool = False, optimizer_memory: bool = False,
                own_vector: tuple[str, ...] = (), own_memory: tuple[str, ...] = (),
-               gemm_layouts: bool = False, layout_curves: bool = False) -> dict:
+               gemm_layouts: bool = False, layout_curves: bool = False,
+               bounded_layout_curves: bool = False) -> dict:
     """Curves (``prior.Curve`` dicts) for GEMM-like kernels per category and dtype (``by_category``; else per
     dtype), other compute ("vector"), memory traffic, and the device floor in seconds, fitted to ``rows``.
     With ``intensity`` the compute curves also ramp with arithmetic intensity; with ``vector_by_category``
@@ -427,7 +428,9 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
     (``prior.Profile.gemm_layouts``: ``hw.gemm_layout_ratio``, a CPU descriptor's per-layout rates), so the
     curves are fractions of that; it changes nothing on hardware without such rates. With ``layout_curves`` a
     two-operand matmul gets a curve of its own per operand layout and dtype ("matmul@tn:bf16",
-    ``prior.LAYOUT_MARK``), its own size and intensity ramps, from the profiles alone (no descriptor rates)."""
+    ``prior.LAYOUT_MARK``), its own size and intensity ramps, from the profiles alone (no descriptor rates);
+    with ``bounded_layout_curves`` too, each such curve holds beyond the largest kernel (FLOPs) it was fitted
+    on the fraction it reaches there (``prior.Curve.size_max``) instead of extrapolating its ramp."""
     fit_fresh = bool(fresh) and fresh.get("s_per_byte") is None
     law, rows = _depthwise_apart(rows, None if fit_fresh else fresh) if depthwise else ({}, rows)
     if streaming is None:
@@ -495,6 +498,10 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
                 out.update(intensity_half=math.exp(p[3]), intensity_slope=math.exp(p[4]))
             return out
         gemm = {n: curve(params[n]) for n in names if n != "vector"}
+        if layout_curves and bounded_layout_curves:
+            for n in gemm:
+                if prior.LAYOUT_MARK in n:
+                    gemm[n]["size_max"] = float(rows.flops[masks[n]].max())
         out = {"gemm": gemm, "memory": curve(params["memory"]),
                "vector": curve(params["vector"]) if "vector" in params else {"peak_fraction": 1.0},
                "device_floor_s": float(torch.exp(params["floor"]))}
@@ -789,7 +796,9 @@ def section_options(section: dict) -> dict:
             "channel_ramp": bool(section.get("channel_ramp")),
             "conv_intensity": section.get("conv_intensity") or "tensor",
             "gemm_layouts": bool(section.get("gemm_layouts")),
-            "layout_curves": any(prior.LAYOUT_MARK in k for k in section.get("gemm", {}))}
+            "layout_curves": any(prior.LAYOUT_MARK in k for k in section.get("gemm", {})),
+            "bounded_layout_curves": any(prior.LAYOUT_MARK in k and v.get("size_max", 0) > 0
+                                         for k, v in section.get("gemm", {}).items())}
 
 
 MAX_ROWS = 80_000

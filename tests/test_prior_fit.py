@@ -309,12 +309,13 @@ def test_section_options_read_how_a_shipped_section_was_fitted():
 
     assert prior_fit.section_options({"gemm": {}}) == {"vector_by_category": False, "memory_by_category": False,
                                                        "channel_ramp": False, "conv_intensity": "tensor",
-                                                       "gemm_layouts": False, "layout_curves": False}
+                                                       "gemm_layouts": False, "layout_curves": False,
+                                                       "bounded_layout_curves": False}
     full = {"vector_fraction": {"norm": 0.5}, "memory_fraction": {"copy:fp32": 1.0}, "channel_ramp": {"x": [1, 1]},
-            "conv_intensity": "gemm", "gemm_layouts": True, "gemm": {"matmul@tn:bf16": {}}}
+            "conv_intensity": "gemm", "gemm_layouts": True, "gemm": {"matmul@tn:bf16": {"size_max": 1e9}}}
     assert prior_fit.section_options(full) == {"vector_by_category": True, "memory_by_category": True,
                                                "channel_ramp": True, "conv_intensity": "gemm", "gemm_layouts": True,
-                                               "layout_curves": True}
+                                               "layout_curves": True, "bounded_layout_curves": True}
     table = prior.calibration()
     assert prior_fit.section_options(table["cpu"])["vector_by_category"]  # per-category since the 19th session
     assert prior_fit.section_options(table["cpu-amd-epyc-family-26-model-2"])["memory_by_category"]
@@ -1009,3 +1010,34 @@ def test_a_layout_s_own_curve_follows_its_own_size_ramp():
     want = prior.node_seconds(x, x_cat, profile, layout=codes)
     assert torch.allclose(priced, want, rtol=0.2)
     assert (priced[0] / priced[1]).item() > 5  # tn far faster than nn at this size
+
+
+def test_a_bounded_layout_curve_holds_its_fraction_beyond_the_largest_kernel_it_was_fitted_on():
+    """SYNTHETIC tn matmuls of 1e6-1e8 FLOPs on a ramp still rising at 1e8: fitted with
+    ``bounded_layout_curves`` the layout's curve records the largest kernel it saw (``Curve.size_max``) and
+    prices a 1e11-FLOP one at the fraction it reached there, where the unbounded curve follows its ramp up;
+    inside the fitted range both price alike, and the bound survives a section's round trip."""
+    truth = {"gemm": {"matmul@tn:bf16": {"peak_fraction": 0.5, "half_size": 1e9, "slope": 0.5},
+                      "matmul:bf16": {"peak_fraction": 0.01}},
+             "vector": {"peak_fraction": 1.0}, "memory": {"peak_fraction": 100.0}, "launch_floor_s": 1e-6}
+    g = torch.Generator().manual_seed(7)
+    n = 1500
+    flops = 10 ** (6 + 2 * torch.rand(n, generator=g, dtype=torch.float64))
+    layout = torch.full((n,), ops.GEMM_LAYOUTS.index("tn"))
+    rows = prior_fit.KernelRows(flops, flops ** (2 / 3) * 6, ["bf16"] * n, torch.ones(n, dtype=torch.bool),
+                                torch.ones(n, dtype=torch.bool), ["matmul"] * n, ["synthetic"] * n,
+                                torch.zeros(n, dtype=torch.float64), layout=layout)
+    rows.seconds = prior_fit._prior_seconds(rows, prior.profile_from_dict(CPU, truth))
+    free = prior_fit.fit_device(rows, CPU, steps=800, intensity=False, layout_curves=True)
+    held = prior_fit.fit_device(rows, CPU, steps=800, intensity=False, layout_curves=True, bounded_layout_curves=True)
+    assert "size_max" not in free["gemm"]["matmul@tn:bf16"]
+    assert held["gemm"]["matmul@tn:bf16"]["size_max"] == float(flops.max())
+    assert prior_fit.section_options(held)["bounded_layout_curves"]
+    free_curve = prior.Curve.from_dict(free["gemm"]["matmul@tn:bf16"])
+    held_curve = prior.Curve.from_dict(held["gemm"]["matmul@tn:bf16"])
+    inside = torch.tensor([1e7], dtype=torch.float64)
+    assert torch.allclose(free_curve(inside), held_curve(inside), rtol=0.05)
+    big = torch.tensor([1e11], dtype=torch.float64)
+    edge = torch.tensor([float(flops.max())], dtype=torch.float64)
+    assert torch.allclose(held_curve(big), held_curve(edge))
+    assert free_curve(big).item() > 1.2 * held_curve(big).item()  # the free ramp kept rising

@@ -236,6 +236,9 @@ def test_first_command_installs_what_the_second_needs():
     optional = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     installed = " ".join(dep for e in extras for dep in optional[e])
     assert "pytest" in installed  # the second command is `python -m pytest -q`
+    addopts = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["addopts"]
+    if "-n" in addopts.split():  # one worker per core needs pytest-xdist, or pytest refuses the option
+        assert "pytest-xdist" in installed
 
 
 @pytest.fixture
