@@ -137,7 +137,7 @@ def run_graph(args) -> int:
 
 
 def add_collect_parser(sub) -> None:
-    from gnn_ptp.collect import CollectConfig
+    from gnn_ptp.collect_config import CollectConfig
 
     d = CollectConfig("", "")
     p = sub.add_parser("collect", help="measure real training steps into datasets/<hardware>/",

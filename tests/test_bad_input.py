@@ -476,3 +476,17 @@ def test_run_script_exits_with_mains_code_and_one_line_on_user_error(capsys):
 
     with pytest.raises(ValueError):
         run_script(broken, prog="bench.py")
+
+
+def test_help_and_argument_refusals_import_no_torch():
+    """Building the parser, ``--help`` and a refusal at argument parsing answer without importing torch (a
+    second, not three: the collector's settings live in ``gnn_ptp.collect_config``, apart from the collector)."""
+    code = ("import sys\nfrom gnn_ptp import cli\n"
+            "try:\n    cli.main(['predict', 'hf:gpt2', '--batch-size', '0'])\n"
+            "except SystemExit as e:\n    assert e.code == 2, e.code\n"
+            "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'torch_geometric', 'transformers'))\n"
+            "assert not heavy, heavy[:5]\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "--batch-size: '0' is out of range" in done.stderr
