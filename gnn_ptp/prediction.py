@@ -445,6 +445,31 @@ def _fsdp_notes(profile, gpus: int, nodes: int | None) -> list[str]:
             "(a ring all-reduce is a reduce-scatter then an all-gather), not measured themselves"]
 
 
+NODE_FIELDS = ("x", "x_cat", "phase", "grad_bytes", "fresh_bytes", "gemm_layout")
+"""The per-node graph tensors the analytic model reads (``prior.AnalyticModel``)."""
+
+
+def _batch(graphs: list[dict], analytic: bool):
+    """The graphs' tensors as one batch: for a GNN a ``torch_geometric`` ``Batch``; for the analytic prior,
+    which reads per-node tensors alone, the same fields concatenated in a plain namespace, so that an
+    analytic prediction (the README's first command) does not import torch_geometric (~2-3 s cold)."""
+    if analytic:
+        from types import SimpleNamespace
+
+        sizes = [int(t["x"].shape[0]) for t in graphs]
+        fields = {k: torch.cat([t[k] for t in graphs]) for k in NODE_FIELDS if all(k in t for t in graphs)}
+        index = torch.repeat_interleave(torch.arange(len(graphs)), torch.tensor(sizes, dtype=torch.long))
+        return SimpleNamespace(**fields, batch=index, num_graphs=len(graphs))
+    from torch_geometric.data import Batch, Data
+
+    datas = []
+    for tensors in graphs:
+        d = Data(**tensors)
+        d.num_nodes = tensors["x"].shape[0]
+        datas.append(d)
+    return Batch.from_data_list(datas)
+
+
 def predict_many(spec: str, precisions: list[str], batch_size: int, seq_len: int | None = None,
                  image_size: int | None = None, gpus: int = 1, hardware: str = "h100",
                  checkpoint: str | Path | None = None, optimizer: str = "adamw", overrides=None,
@@ -463,8 +488,6 @@ def predict_many(spec: str, precisions: list[str], batch_size: int, seq_len: int
     data-parallel training; ``parallel`` is ddp, fsdp, fsdp-no-reshard or auto (gnn_ptp/fsdp.py);
     ``steps`` (optimizer steps) or ``epochs`` x ``dataset_size`` the job. ``analytic``: answer from the
     calibrated physical prior even where a checkpoint is shipped (H100-class GPUs)."""
-    from torch_geometric.data import Batch, Data
-
     dp = DataParallel(gpus, nodes, interconnect, bucket_cap_mb, grad_accum, grad_compression, parallel)
     dp.validate()
     if epochs is not None and not dataset_size:
@@ -505,13 +528,9 @@ def predict_many(spec: str, precisions: list[str], batch_size: int, seq_len: int
     shape = Shape(batch_size, seq_len, image_size)
     configs = [StepConfig(parsed, shape, p, optimizer, meta.get("trace_target", "cuda")) for p in precisions]
     graphs = _graphs(configs, use_disk_cache)
-    datas = []
-    for tensors, _ in graphs:
-        d = Data(**tensors)
-        d.num_nodes = tensors["x"].shape[0]
-        datas.append(d)
+    num_nodes = [int(tensors["x"].shape[0]) for tensors, _ in graphs]
     with torch.no_grad():
-        out = model(Batch.from_data_list(datas))
+        out = model(_batch([tensors for tensors, _ in graphs], analytic))
     from gnn_ptp.hardware import HARDWARE
 
     global_batch = batch_size * gpus * grad_accum
@@ -533,8 +552,8 @@ def predict_many(spec: str, precisions: list[str], batch_size: int, seq_len: int
                          f"({profile.name}): compute {slowdown:.2f}x slower than one rank alone")
         log_node_ms = None
         if "log_node_ms" in out:
-            offset = int(sum(d.num_nodes for d in datas[:i]))
-            log_node_ms = out["log_node_ms"][offset:offset + datas[i].num_nodes]
+            offset = sum(num_nodes[:i])
+            log_node_ms = out["log_node_ms"][offset:offset + num_nodes[i]]
         param_bytes = get_precision(p).param_dtype.itemsize
         estimate = info.get("memory") or {}  # analytic, from the trace (the GNN's memory head is not used)
         capacity = HARDWARE[hw_name].memory_bytes if hw_name in HARDWARE else None
