@@ -286,6 +286,22 @@ def _ood_warnings(u: torch.Tensor, data, meta: dict) -> list[str]:
     return notes
 
 
+def _prior_step_ms(graphs: list[dict], hardware: str, grad_accum: int, meta: dict) -> dict[int, float]:
+    """Per graph (index) that lies outside a GPU checkpoint's training range (``_ood_warnings``), the
+    calibrated prior's one-GPU step time for it (``prior.analytic_model``): a user then sees both answers
+    where the checkpoint extrapolates. Empty for a CPU checkpoint or a GPU without a calibrated prior."""
+    from gnn_ptp.prior import analytic_model
+
+    outside = [i for i, t in enumerate(graphs) if _ood_warnings(t["u"], t, meta)]
+    found = analytic_model(hardware) if outside else None
+    if found is None:
+        return {}
+    with torch.no_grad():
+        out = found[0](_batch([graphs[i] for i in outside], analytic=True))
+    phases = out["log_phase_ms"].exp().tolist()
+    return {i: grad_accum * (fwd + bwd) + opt for i, (fwd, bwd, opt) in zip(outside, phases)}
+
+
 def _unlog(value: float) -> float:
     """The inverse of ``graph._log``: log2(1 + x) -> x."""
     return max(2.0 ** value - 1.0, 0.0)
@@ -538,13 +554,17 @@ def predict_many(spec: str, precisions: list[str], batch_size: int, seq_len: int
     if epochs is not None:  # rounded first: 1.1 epochs x 50000 / 100 is 550 steps, not 551
         total_steps = math.ceil(round(epochs * dataset_size / global_batch, 6))
     slowdown = profile.compute_slowdown(gpus, nodes) if profile is not None else 1.0
+    prior_ms = {} if analytic else _prior_step_ms([t for t, _ in graphs], hw_name, grad_accum, meta)
     results = []
     for i, (p, (tensors, info)) in enumerate(zip(precisions, graphs)):
         fwd, bwd, opt = out["log_phase_ms"][i].exp().tolist()
         one_gpu = grad_accum * (fwd + bwd) + opt
         compute = one_gpu * slowdown
-        notes = ([kind_note] if kind_note else []) + ([untrained[p]] if p in untrained else []) + (
-            [] if analytic else _ood_warnings(tensors["u"], tensors, meta))
+        ood = [] if analytic else _ood_warnings(tensors["u"], tensors, meta)
+        if ood and i in prior_ms:  # beyond the checkpoint's range: the prior's answer beside it, no choice made
+            ood.append(f"the calibrated prior alone says {prior_ms[i]:.1f} ms a step on one GPU here "
+                       f"(gnn-ptp predict --hardware {hw_name} --analytic)")
+        notes = ([kind_note] if kind_note else []) + ([untrained[p]] if p in untrained else []) + ood
         if left_out_note:
             notes.insert(0, left_out_note)
         if slowdown > 1:

@@ -576,3 +576,24 @@ def test_the_analytic_batch_prices_as_the_torch_geometric_batch_and_imports_no_t
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=repo,
                           env={**os.environ, "PYTHONPATH": str(repo)}, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_outside_a_gpu_checkpoint_s_range_the_prior_s_answer_is_printed_beside_it():
+    """A step far below the H200 checkpoint's training range (a one-layer GPT-2 of 64 channels) is flagged
+    as an extrapolation, and the calibrated prior's own answer for it follows the warnings, the number
+    ``--analytic`` gives; inside the range, or on a CPU checkpoint (no calibrated prior for it), no such note."""
+    import re
+
+    tiny = ["n_layer=1", "n_embd=64", "n_head=2", "vocab_size=500"]
+    [gnn] = predict_mod.predict_many("hf:gpt2", ["bf16"], 2, seq_len=16, overrides=tiny, hardware="h200",
+                                     use_disk_cache=False)
+    [alone] = predict_mod.predict_many("hf:gpt2", ["bf16"], 2, seq_len=16, overrides=tiny, hardware="h200",
+                                       analytic=True, use_disk_cache=False)
+    assert any("outside the training range" in n for n in gnn.warnings)
+    said = [n for n in gnn.warnings if n.startswith("the calibrated prior alone says")]
+    assert len(said) == 1 and "--hardware h200 --analytic" in said[0]
+    assert float(re.search(r"says ([0-9.]+) ms", said[0]).group(1)) == pytest.approx(alone.iteration_ms, abs=0.051)
+    assert not any("calibrated prior alone" in n for n in alone.warnings)
+    [cpu] = predict_mod.predict_many("hf:gpt2", ["fp32"], 2, seq_len=16, overrides=tiny, hardware="cpu",
+                                     use_disk_cache=False)
+    assert not any("calibrated prior alone" in n for n in cpu.warnings)
