@@ -18,6 +18,7 @@ import pytest
 
 from gnn_ptp import cli
 
+from fresh_process import run_fresh
 from user_models import line_of
 
 TESTS = Path(__file__).resolve().parent
@@ -486,7 +487,6 @@ def test_help_and_argument_refusals_import_no_torch():
             "except SystemExit as e:\n    assert e.code == 2, e.code\n"
             "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'torch_geometric', 'transformers'))\n"
             "assert not heavy, heavy[:5]\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
-                          env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+    done = run_fresh(code, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "--batch-size: '0' is out of range" in done.stderr

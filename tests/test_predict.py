@@ -551,10 +551,7 @@ def test_the_analytic_batch_prices_as_the_torch_geometric_batch_and_imports_no_t
     """An analytic prediction reads per-node tensors alone: its plain batch (``prediction._batch``) gives
     the analytic model the same phase and node times as a ``torch_geometric`` ``Batch`` of the same graphs,
     and a whole analytic ``predict`` in a fresh process never imports torch_geometric (~2 s cold)."""
-    import os
-    import subprocess
-    import sys
-
+    from fresh_process import run_fresh
     from gnn_ptp.trace import StepConfig
     from gnn_ptp.spec import Shape, parse_spec
 
@@ -567,14 +564,12 @@ def test_the_analytic_batch_prices_as_the_torch_geometric_batch_and_imports_no_t
     for key in plain:
         assert torch.equal(plain[key], pyg[key]), key
 
-    repo = Path(gnn_ptp.__file__).resolve().parent.parent
     code = ("import sys\nfrom gnn_ptp.prediction import predict_many\n"
             "out = predict_many('hf:gpt2', ['bf16'], 2, seq_len=16, use_disk_cache=False,\n"
             "                   overrides=['n_layer=1', 'n_embd=64', 'n_head=2', 'vocab_size=500'])\n"
             "assert out[0].iteration_ms > 0 and out[0].source == 'analytic-prior', out[0]\n"
             "assert 'torch_geometric' not in sys.modules\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=repo,
-                          env={**os.environ, "PYTHONPATH": str(repo)}, timeout=300)
+    done = run_fresh(code)
     assert done.returncode == 0, done.stderr[-2000:]
 
 
