@@ -286,13 +286,12 @@ def _ood_warnings(u: torch.Tensor, data, meta: dict) -> list[str]:
     return notes
 
 
-def _prior_step_ms(graphs: list[dict], hardware: str, grad_accum: int, meta: dict) -> dict[int, float]:
-    """Per graph (index) that lies outside a GPU checkpoint's training range (``_ood_warnings``), the
-    calibrated prior's one-GPU step time for it (``prior.analytic_model``): a user then sees both answers
+def _prior_step_ms(graphs: list[dict], outside: list[int], hardware: str, grad_accum: int) -> dict[int, float]:
+    """Per graph index of ``outside`` (those beyond a GPU checkpoint's training range, ``_ood_warnings``),
+    the calibrated prior's one-GPU step time for it (``prior.analytic_model``): a user then sees both answers
     where the checkpoint extrapolates. Empty for a CPU checkpoint or a GPU without a calibrated prior."""
     from gnn_ptp.prior import analytic_model
 
-    outside = [i for i, t in enumerate(graphs) if _ood_warnings(t["u"], t, meta)]
     found = analytic_model(hardware) if outside else None
     if found is None:
         return {}
@@ -554,13 +553,14 @@ def predict_many(spec: str, precisions: list[str], batch_size: int, seq_len: int
     if epochs is not None:  # rounded first: 1.1 epochs x 50000 / 100 is 550 steps, not 551
         total_steps = math.ceil(round(epochs * dataset_size / global_batch, 6))
     slowdown = profile.compute_slowdown(gpus, nodes) if profile is not None else 1.0
-    prior_ms = {} if analytic else _prior_step_ms([t for t, _ in graphs], hw_name, grad_accum, meta)
+    ood_notes = [[] if analytic else _ood_warnings(t["u"], t, meta) for t, _ in graphs]
+    prior_ms = _prior_step_ms([t for t, _ in graphs], [i for i, n in enumerate(ood_notes) if n], hw_name, grad_accum)
     results = []
     for i, (p, (tensors, info)) in enumerate(zip(precisions, graphs)):
         fwd, bwd, opt = out["log_phase_ms"][i].exp().tolist()
         one_gpu = grad_accum * (fwd + bwd) + opt
         compute = one_gpu * slowdown
-        ood = [] if analytic else _ood_warnings(tensors["u"], tensors, meta)
+        ood = list(ood_notes[i])
         if ood and i in prior_ms:  # beyond the checkpoint's range: the prior's answer beside it, no choice made
             ood.append(f"the calibrated prior alone says {prior_ms[i]:.1f} ms a step on one GPU here "
                        f"(gnn-ptp predict --hardware {hw_name} --analytic)")
