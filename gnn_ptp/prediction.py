@@ -26,7 +26,7 @@ from gnn_ptp.errors import UserError, closest
 from gnn_ptp.precision import PRECISION_NAMES, get_precision
 from gnn_ptp.spec import Shape, parse_spec
 from gnn_ptp.store import from_bytes, to_bytes
-from gnn_ptp.trace import StepConfig
+from gnn_ptp.trace import StepConfig, shared_trace
 
 _DATA_FIELDS = ("x", "x_cat", "edge_index", "edge_attr", "u", "phase", "grad_bytes", "fresh_bytes", "gemm_layout")
 MEMORY_VERSION = 1
@@ -205,9 +205,7 @@ def _graphs(configs: list[StepConfig], use_disk_cache: bool = True) -> list[tupl
     # tf32 / torch-default share the fp32 trace: each group is traced once, converted per precision
     groups: dict[StepConfig, list[int]] = {}
     for i in todo:
-        base = dataclasses.replace(configs[i], precision={"tf32": "fp32", "torch-default": "fp32"}.get(
-            configs[i].precision, configs[i].precision))
-        groups.setdefault(base, []).append(i)
+        groups.setdefault(shared_trace(configs[i]), []).append(i)
     built = _trace_groups([[configs[i] for i in idx] for idx in groups.values()])
     for idx, group_results in zip(groups.values(), built):
         for i, result in zip(idx, group_results):

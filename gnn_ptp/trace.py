@@ -325,12 +325,19 @@ def _optimizer_update(name: str, params, grads, state, steps, foreach: bool):
 _SAME_TRACE_AS = {"tf32": "fp32", "torch-default": "fp32"}
 
 
+def shared_trace(config: StepConfig) -> StepConfig:
+    """The step config whose trace ``config``'s graph is converted from: configs with the same one share a
+    trace (traced once in a process, then converted per precision class)."""
+    base = _SAME_TRACE_AS.get(config.precision)
+    return config if base is None else dataclasses.replace(config, precision=base)
+
+
 def trace_step(config: StepConfig) -> TracedStep:
     """Trace the training step of ``config`` (cached: the same graph is traced once per process)."""
-    base = _SAME_TRACE_AS.get(config.precision)
-    if base is None:
+    base = shared_trace(config)
+    if base is config:
         return _trace_cached(config)
-    return dataclasses.replace(_trace_cached(dataclasses.replace(config, precision=base)), config=config)
+    return dataclasses.replace(_trace_cached(base), config=config)
 
 
 @functools.lru_cache(maxsize=32)
