@@ -11,6 +11,7 @@ cache lacks are traced.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -196,24 +197,17 @@ def load_graphs(data_dir: str | Path, measured: list[Measured], precision_aware:
             f"{len(by_graph)} distinct steps to trace ({len(cache) - reused} cached) ...")
     start, failed, shown_s = time.perf_counter(), 0, 0.0
     # steps that share one trace (tf32 and torch-default are converted from the fp32 trace) go to one worker
-    # in a row, so that each trace is recorded once (trace.shared_trace)
-    from gnn_ptp.trace import shared_trace
-
-    by_trace: dict = {}
-    for k in by_graph:
-        m = by_graph[k][0]
-        by_trace.setdefault(shared_trace(step_config_of(m.config, target, precision_aware, m.torch_version)),
-                            []).append(k)
-    keys = [k for ks in by_trace.values() for k in ks]
+    # in a row, so that each trace is recorded once
+    by_trace = trace_groups(list(by_graph), lambda k: step_config_of(
+        by_graph[k][0].config, target, precision_aware, by_graph[k][0].torch_version))
+    keys = [k for ks in by_trace for k in ks]
     # configurations with per-op profiles need the same trace's kernel nodes for their node labels: kept
     # from this trace (node_labels.remember_nodes) rather than traced a second time by node_labels.load
     profiled = set(node_labels.profiled_ids(data_dir)) if precision_aware and keys else set()
     kernel_nodes: dict[str, list] = {}
     job = lambda k: (by_graph[k][0].config, target, precision_aware, by_graph[k][0].torch_version,  # noqa: E731
                      by_graph[k][0].params, any(m.key in profiled for m in by_graph[k]))
-    results = (r for ks, rs in zip(by_trace.values(), _map(_graphs_or_errors, [[job(k) for k in ks]
-                                                                              for ks in by_trace.values()]))
-               for r in (rs if isinstance(rs, list) else [rs] * len(ks)))
+    results = _map_in_groups(_graph_or_error, [[job(k) for k in ks] for ks in by_trace])
     for i, (gkey, result) in enumerate(zip(keys, results), 1):
         group = by_graph[gkey]
         if isinstance(result, str):  # a config that measured fine but will not trace: skip, say so
@@ -281,19 +275,38 @@ def _graph_or_error(job) -> bytes | str:
         return f"{type(e).__name__}: {e}"
 
 
-def _graphs_or_errors(jobs: list) -> list[bytes | str] | str:
-    """``_graph_or_error`` of each job of a group that shares one trace, in one process; a forked worker
-    that may not run autograd (``prediction._fork_refused``) answers that alone, for ``_map`` to run the
-    group here."""
+def _map_in_groups(fn, groups: list[list]):
+    """``_map`` of ``fn`` over every job of ``groups``, each group run in one worker in a row (jobs whose
+    graphs come from one trace, ``trace.shared_trace``: each process records a trace once); the results in
+    order, one per job."""
+    for group, results in zip(groups, _map(functools.partial(_each, fn), groups)):
+        yield from (results if isinstance(results, list) else [results] * len(group))
+
+
+def _each(fn, group: list) -> list | str:
+    """``fn`` of each job of a group, in one process; a forked worker that may not run autograd
+    (``prediction._fork_refused``) answers that alone, for ``_map`` to run the group here."""
     from gnn_ptp.prediction import _fork_refused
 
     out = []
-    for job in jobs:
-        result = _graph_or_error(job)
+    for job in group:
+        result = fn(job)
         if isinstance(result, str) and _fork_refused(RuntimeError(result)):
             return result
         out.append(result)
     return out
+
+
+def trace_groups(items: list, step_config) -> list[list]:
+    """``items`` grouped by the trace their graphs come from (``trace.shared_trace`` of
+    ``step_config(item)``), in order of first appearance: fp32, tf32 and torch-default steps of one model
+    and shape share one."""
+    from gnn_ptp.trace import shared_trace
+
+    groups: dict = {}
+    for item in items:
+        groups.setdefault(shared_trace(step_config(item)), []).append(item)
+    return list(groups.values())
 
 
 def _map(fn, jobs: list):

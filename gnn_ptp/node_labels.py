@@ -175,8 +175,12 @@ def load(data_dir, measured: list, log=None) -> dict[str, dict]:
     if to_trace or to_match:
         start = time.perf_counter()
         log(f"node labels: tracing {len(to_trace)} configurations, matching {len(to_match)} profiles ...")
-        jobs = [(m.config, dataset.trace_target(m.hardware), m.torch_version) for m in to_trace]
-        for i, (m, result) in enumerate(zip(to_trace, dataset._map(_nodes_job, jobs)), 1):
+        # fp32, tf32 and torch-default steps of one model and shape share one trace: one worker, in a row
+        groups = dataset.trace_groups(to_trace, lambda m: dataset.step_config_of(
+            m.config, dataset.trace_target(m.hardware), kernels=m.torch_version))
+        to_trace = [m for group in groups for m in group]
+        jobs = [[(m.config, dataset.trace_target(m.hardware), m.torch_version) for m in group] for group in groups]
+        for i, (m, result) in enumerate(zip(to_trace, dataset._map_in_groups(_nodes_job, jobs)), 1):
             if isinstance(result, str):
                 failed[m.key] = result
                 log(f"  no node labels for {m.config['spec']} ({m.config['precision']}): {result}")

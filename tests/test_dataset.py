@@ -84,3 +84,27 @@ def test_map_runs_here_what_a_forked_worker_refused_wherever_it_comes():
     from gnn_ptp import dataset
 
     assert list(dataset._map(_refused_in_children, [0, 1, 2, 3, 4, 5])) == [0, 10, 20, 30, 40, 50]
+
+
+def test_steps_that_share_one_trace_are_grouped_together():
+    """fp32, tf32 and torch-default steps of one model and shape come from one trace (trace.shared_trace):
+    they form one group, so that one worker records that trace once; other classes and shapes stand apart."""
+    configs = [dict(CONFIG, precision=p) for p in ("tf32", "amp-bf16", "fp32", "torch-default")]
+    configs.append(dict(CONFIG, batch_size=4))
+    groups = dataset.trace_groups(configs, lambda c: dataset.step_config_of(c, "cuda"))
+    assert [[c["precision"] for c in g] for g in groups] == [["tf32", "fp32", "torch-default"], ["amp-bf16"], ["fp32"]]
+    assert groups[2][0]["batch_size"] == 4
+
+
+def _with_pid(job):
+    return job, __import__("os").getpid()
+
+
+def test_each_group_runs_in_one_process_and_the_results_keep_the_jobs_order():
+    groups = [[0, 1], [2], [3, 4, 5], [6, 7]]
+    out = list(dataset._map_in_groups(_with_pid, groups))
+    assert [job for job, _ in out] == list(range(8))
+    pids = iter(pid for _, pid in out)
+    assert all(len({next(pids) for _ in g}) == 1 for g in groups)
+    # a group a forked worker refused (its parent ran autograd) runs here, every job of it
+    assert list(dataset._map_in_groups(_refused_in_children, groups)) == [10 * j for j in range(8)]
