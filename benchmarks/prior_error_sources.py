@@ -19,6 +19,14 @@ so this is a decomposition, not a held-out score (``calibrate_prior.py --lofo`` 
 give those). Also printed: per family, the median of the kernels' device time (measured, or the prior's
 where unmatched) over the measured step (low: the host sets the pace), and the kernel categories that hold the most time with the prior's sum over the measured
 one; per precision class, the median predicted / measured time of each phase.
+
+    python benchmarks/prior_error_sources.py --data datasets/cpu-amd-epyc-family-25-model-1 --gemm-layouts
+
+adds the two-operand GEMMs (matmuls) by compute dtype, phase and operand layout (``ops.GEMM_LAYOUTS``: a
+linear layer's forward is ``nt``, its input gradient ``nn``, its weight gradient ``tn``): each one's share
+of the matched kernel time and the prior's sum over the measured one, over every family and per family,
+beside all layouts together. A prior that prices each layout off but their sum right errs per kernel and
+not per step.
 """
 
 from __future__ import annotations
@@ -106,6 +114,49 @@ def print_tables(rows: list[dict]) -> None:
         print(f"  {name:<14} n {len(rs):4d}   prior {fmt(P)}   measured kernels {fmt(K)}")
 
 
+def layout_sums(samples: list, node_seconds: dict, profile: prior.Profile) -> dict:
+    """{(family, "dtype/phase", layout): [measured s, prior s]} over the matched two-operand GEMMs
+    (layout "all": every layout of that dtype and phase together)."""
+    sums = defaultdict(lambda: [0.0, 0.0])
+    matmul = ops.CATEGORIES.index("matmul")
+    for s in samples:
+        layout = getattr(s, "gemm_layout", None)
+        measured = prior_fit.measured_node_seconds(s, node_seconds[s.key]) if s.key in node_seconds else None
+        if measured is None or layout is None:
+            continue
+        predicted = prior.node_seconds(s.x, s.x_cat, profile, getattr(s, "fresh_bytes", None), layout)
+        layout = layout.reshape(-1).long()
+        keep = ~torch.isnan(measured) & (measured > 0) & (s.x_cat[:, 1] == matmul) & (layout > 0)
+        for i in keep.nonzero().reshape(-1).tolist():
+            where = f"{ops.DTYPES[int(s.x_cat[i, 2])]}/{PHASES[int(s.phase[i])][0]}"
+            for key in ((s.family, where, ops.GEMM_LAYOUTS[int(layout[i])]), (s.family, where, "all")):
+                sums[key][0] += float(measured[i])
+                sums[key][1] += float(predicted[i])
+    return dict(sums)
+
+
+def print_layouts(sums: dict, total_s: float) -> None:
+    print("\ntwo-operand GEMMs by dtype / phase and operand layout: share of the matched kernel time, "
+          "prior / measured (sum)")
+    pooled = defaultdict(lambda: [0.0, 0.0])
+    for (_, where, layout), (m, p) in sums.items():
+        pooled[(where, layout)][0] += m
+        pooled[(where, layout)][1] += p
+    for (where, layout), (m, p) in sorted(pooled.items(), key=lambda kv: (kv[0][0], kv[0][1] != "all", -kv[1][0])):
+        print(f"  {where:<10} {layout:<4} {m / total_s * 100:6.1f}%  x{p / m:5.2f}")
+    print("\nper family, bf16 matmuls: prior / measured of all layouts together, then each layout (share of "
+          "the family's bf16 matmul time)")
+    for family in sorted({f for f, _, _ in sums}):
+        cells = {(w, lay): v for (f, w, lay), v in sums.items() if f == family and w.startswith("bf16/")}
+        m_all = sum(v[0] for (w, lay), v in cells.items() if lay == "all")
+        p_all = sum(v[1] for (w, lay), v in cells.items() if lay == "all")
+        if m_all <= 0:
+            continue
+        each = sorted(((w, lay), v) for (w, lay), v in cells.items() if lay != "all")
+        print(f"  {family:<20} x{p_all / m_all:5.2f}   " + ", ".join(
+            f"{w[-1]} {lay} x{p / m:.2f} ({m / m_all * 100:.0f}%)" for (w, lay), (m, p) in each if m / m_all >= 0.02))
+
+
 def kind_profile(data, hw) -> prior.Profile:
     """The prior of the hardware kind ``data``'s records were measured on: a CPU kind's own section (its
     descriptor's, e.g. ``cpu-amd-epyc-family-26-model-2``), not the reference CPU's that the ``cpu``
@@ -121,6 +172,8 @@ def kind_profile(data, hw) -> prior.Profile:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data", default="datasets/h200")
+    ap.add_argument("--gemm-layouts", action="store_true",
+                    help="also the matmuls by dtype, phase and operand layout, over all families and per family")
     args = ap.parse_args()
     hw, samples, node_seconds = prior_fit.load_profiled(args.data)
     profile = kind_profile(args.data, hw)
@@ -128,6 +181,9 @@ def main() -> None:
     print(f"{args.data}: {len(rows)} profiled configurations of {len(samples)} on {hw.description}")
     print(f"calibration: {profile.source}\n")
     print_tables(rows)
+    if args.gemm_layouts:
+        total_s = sum(sum(m for m, _ in r["category"].values()) for r in rows)
+        print_layouts(layout_sums(samples, node_seconds, profile), total_s)
 
 
 if __name__ == "__main__":
