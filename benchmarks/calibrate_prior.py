@@ -467,7 +467,8 @@ def _section(hw, env: dict, source: str, summary: str, by_class: str, fitted: di
             "gemm": fitted["gemm"], "vector": fitted["vector"], "memory": fitted["memory"],
             **({"vector_fraction": fitted["vector_fraction"]} if fitted.get("vector_fraction") else {}),
             **({k: fitted[k] for k in ("memory_fraction", "memory_half_size", "streaming", "depthwise",
-                                       "conv_intensity", "channel_ramp", "gemm_layouts") if fitted.get(k)}),
+                                       "conv_intensity", "channel_ramp", "gemm_layouts", "layout_levels")
+                if fitted.get(k)}),
             **({"fresh_threshold_bytes": fitted["fresh"]["threshold_bytes"],
                 "fresh_s_per_byte": fitted["fresh"]["s_per_byte"]} if fitted.get("fresh") else {}),
             "launch_floor_s": fitted["device_floor_s"], "host_issue_s": host,
@@ -607,6 +608,9 @@ def main() -> None:
                          "dtype (matmul@tn:bf16: its own size and intensity ramps), fitted to the profiles (declared on "
                          "the fourth CPU kind in the twenty-first session: 25.1 against 26.6 %% over its steps but "
                          "25.8 against 25.5 %% as a mean of families, VGG far worse; failed, no section has it)")
+    ap.add_argument("--layout-levels", action="store_true",
+                    help="with --gemm-layout-curves: each layout's curve is its dtype's matmul curve at a level of "
+                         "its own (prior_fit.fit_device(layout_levels=True)); the ramps are shared")
     ap.add_argument("--bounded-layout-curves", action="store_true",
                     help="with --gemm-layout-curves: each layout's curve holds, beyond the largest kernel (FLOPs) it "
                          "was fitted on, the fraction it reaches there instead of extrapolating its size ramp "
@@ -631,6 +635,8 @@ def main() -> None:
         ap.error("--profiles and --neusight both write the h100 section: give one")
     if args.bounded_layout_curves and not args.gemm_layout_curves:
         ap.error("--bounded-layout-curves bounds the curves of --gemm-layout-curves: give both")
+    if args.layout_levels and not args.gemm_layout_curves:
+        ap.error("--layout-levels sets how the curves of --gemm-layout-curves are fitted: give both")
     table = json.loads(CALIBRATION_FILE.read_text()) if CALIBRATION_FILE.is_file() else {}
     before = json.loads(json.dumps(table))
     errors = {}
@@ -645,6 +651,7 @@ def main() -> None:
               **({"gemm_layouts": True} if args.gemm_layouts else {}),
               **({"layout_curves": True} if args.gemm_layout_curves else {}),
               **({"bounded_layout_curves": True} if args.bounded_layout_curves else {}),
+              **({"layout_levels": True} if args.layout_levels else {}),
               **(KERNEL_CLASSES if args.kernel_classes else {})}
         if args.lofo_only:
             _, e = fit_profiles_lofo(args.profiles, score_only=True, **kw)

@@ -259,11 +259,24 @@ def _vector_category(name: str) -> str | None:
 
 def _vector_params(params: dict, name: str) -> torch.Tensor:
     """The raw curve parameters of group ``name``: "vector:<category>" is the vector curve with its peak
-    fraction's raw parameter shifted by the category's own."""
+    fraction's raw parameter shifted by the category's own; a layout's matmul group fitted as a level
+    (``fit_device(layout_levels=True)``) its dtype's matmul curve shifted by the layout's own."""
     category = _vector_category(name)
     if category is None:
+        if LAYOUT_SHIFT + name in params:
+            return _shifted(params[_layout_base(name)], params[LAYOUT_SHIFT + name])
         return params[name]
     return _shifted(params["vector"], params[f"shift:{category}"])
+
+
+LAYOUT_SHIFT = "lshift:"
+"""Prefix of a layout's level parameter ("lshift:matmul@nn:bf16", ``fit_device(layout_levels=True)``)."""
+
+
+def _layout_base(name: str) -> str:
+    """The curve a layout's matmul group shares its ramps with: "matmul@nn:bf16" -> "matmul:bf16"."""
+    head, dtype = name.split(":")
+    return f"{head.partition(prior.LAYOUT_MARK)[0]}:{dtype}"
 
 
 def _shifted(base: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
@@ -389,7 +402,7 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
                conv_intensity: str = "tensor", channel_ramp: bool = False, optimizer_memory: bool = False,
                own_vector: tuple[str, ...] = (), own_memory: tuple[str, ...] = (),
                gemm_layouts: bool = False, layout_curves: bool = False,
-               bounded_layout_curves: bool = False) -> dict:
+               bounded_layout_curves: bool = False, layout_levels: bool = False) -> dict:
     """Curves (``prior.Curve`` dicts) for GEMM-like kernels per category and dtype (``by_category``; else per
     dtype), other compute ("vector"), memory traffic, and the device floor in seconds, fitted to ``rows``.
     With ``intensity`` the compute curves also ramp with arithmetic intensity; with ``vector_by_category``
@@ -430,7 +443,12 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
     two-operand matmul gets a curve of its own per operand layout and dtype ("matmul@tn:bf16",
     ``prior.LAYOUT_MARK``), its own size and intensity ramps, from the profiles alone (no descriptor rates);
     with ``bounded_layout_curves`` too, each such curve holds beyond the largest kernel (FLOPs) it was fitted
-    on the fraction it reaches there (``prior.Curve.size_max``) instead of extrapolating its ramp."""
+    on the fraction it reaches there (``prior.Curve.size_max``) instead of extrapolating its ramp. With
+    ``layout_levels`` too, each layout's curve is its dtype's matmul curve ("matmul:bf16") at a peak fraction
+    of its own (``LAYOUT_SHIFT``, held toward the shared level by ``SHIFT_PENALTY``): the operand layout sets
+    the kernel's path and so its level, the size and intensity ramps are shared by every layout (written out
+    as full per-layout curves, so that prediction reads them as ``layout_curves``; ``"layout_levels": true``
+    in the result says how they were fitted)."""
     fit_fresh = bool(fresh) and fresh.get("s_per_byte") is None
     law, rows = _depthwise_apart(rows, None if fit_fresh else fresh) if depthwise else ({}, rows)
     if streaming is None:
@@ -446,7 +464,9 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
     memory_masks = _masks(_memory_groups(rows, memory_by_category, optimizer_memory, tuple(own_memory)))
     mshifts = sorted(n[len(MEMORY_GROUP):] for n in memory_masks if n != "memory")
     shifts = sorted(c for c in map(_vector_category, masks) if c is not None)
-    names = sorted({"vector" if _vector_category(n) is not None else n for n in masks})
+    lshifts = sorted(n for n in masks if prior.LAYOUT_MARK in n) if layout_curves and layout_levels else []
+    names = sorted({"vector" if _vector_category(n) is not None else _layout_base(n) if n in lshifts else n
+                    for n in masks})
     extra = [math.log(10.0), 0.0] if intensity else []
     bounded = hw.kind != "cpu"  # a CPU's curves may pass its quoted peaks
     if bounded:
@@ -460,6 +480,8 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
     params["floor"] = torch.tensor(math.log(3e-6), dtype=torch.float64, requires_grad=True)
     for c in shifts:
         params[f"shift:{c}"] = torch.zeros(1, dtype=torch.float64, requires_grad=True)
+    for n in lshifts:
+        params[LAYOUT_SHIFT + n] = torch.zeros(1, dtype=torch.float64, requires_grad=True)
     for k in mshifts:
         params[f"mshift:{k}"] = torch.zeros(2, dtype=torch.float64, requires_grad=True)
     if channel_ramp and rows.bn_channels is not None and bool((~torch.isnan(rows.bn_channels)).any()):
@@ -485,6 +507,8 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
         loss = (weight * (torch.log(pred) - target) ** 2).sum()
         if shifts:
             loss = loss + SHIFT_PENALTY * sum((params[f"shift:{c}"] ** 2).sum() for c in shifts)
+        if lshifts:
+            loss = loss + SHIFT_PENALTY * sum((params[LAYOUT_SHIFT + n] ** 2).sum() for n in lshifts)
         if mshifts:
             loss = loss + MEMORY_SHIFT_PENALTY * sum((params[f"mshift:{k}"] ** 2).sum() for k in mshifts)
         loss.backward()
@@ -498,6 +522,7 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
                 out.update(intensity_half=math.exp(p[3]), intensity_slope=math.exp(p[4]))
             return out
         gemm = {n: curve(params[n]) for n in names if n != "vector"}
+        gemm.update({n: curve(_vector_params(params, n)) for n in lshifts})
         if layout_curves and bounded_layout_curves:
             for n in gemm:
                 if prior.LAYOUT_MARK in n:
@@ -520,6 +545,8 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
             out["conv_intensity"] = conv_intensity
         if gemm_layouts:
             out["gemm_layouts"] = True
+        if lshifts:
+            out["layout_levels"] = True
         if "cramp:batch_norm" in params:
             out["channel_ramp"] = {name: [float(v) for v in params[f"cramp:{name}"].exp()]
                                    for name in prior.BATCH_NORM_OPS}
@@ -798,7 +825,8 @@ def section_options(section: dict) -> dict:
             "gemm_layouts": bool(section.get("gemm_layouts")),
             "layout_curves": any(prior.LAYOUT_MARK in k for k in section.get("gemm", {})),
             "bounded_layout_curves": any(prior.LAYOUT_MARK in k and v.get("size_max", 0) > 0
-                                         for k, v in section.get("gemm", {}).items())}
+                                         for k, v in section.get("gemm", {}).items()),
+            "layout_levels": bool(section.get("layout_levels"))}
 
 
 MAX_ROWS = 80_000

@@ -1012,6 +1012,38 @@ def test_a_layout_s_own_curve_follows_its_own_size_ramp():
     assert (priced[0] / priced[1]).item() > 5  # tn far faster than nn at this size
 
 
+def test_layout_levels_share_one_ramp_and_fit_each_layout_s_own_level():
+    """SYNTHETIC bf16 matmuls of three layouts on one size ramp at three levels (0.02, 0.07, 0.18 of the
+    peak): fitted with ``layout_levels`` every layout's curve has the shared ramp (the same half size and
+    slope) at its own level, prices its kernels, and the section says how it was fitted, for the
+    protocol's refits (``section_options``)."""
+    ramp = {"half_size": 3e7, "slope": 1.0}
+    truth = {"gemm": {"matmul@nn:bf16": {"peak_fraction": 0.02, **ramp},
+                      "matmul@nt:bf16": {"peak_fraction": 0.07, **ramp},
+                      "matmul@tn:bf16": {"peak_fraction": 0.18, **ramp},
+                      "matmul:bf16": {"peak_fraction": 0.05, **ramp}},
+             "vector": {"peak_fraction": 1.0}, "memory": {"peak_fraction": 100.0}, "launch_floor_s": 1e-6}
+    g = torch.Generator().manual_seed(8)
+    n = 3000
+    layout = torch.randint(1, 4, (n,), generator=g)
+    flops = 10 ** (6 + 3 * torch.rand(n, generator=g, dtype=torch.float64))
+    rows = prior_fit.KernelRows(flops, flops ** (2 / 3) * 6, ["bf16"] * n, torch.ones(n, dtype=torch.bool),
+                                torch.ones(n, dtype=torch.bool), ["matmul"] * n, ["synthetic"] * n,
+                                torch.zeros(n, dtype=torch.float64), layout=layout)
+    rows.seconds = prior_fit._prior_seconds(rows, prior.profile_from_dict(CPU, truth)) * torch.exp(
+        0.05 * torch.randn(n, generator=g, dtype=torch.float64))
+    fitted = prior_fit.fit_device(rows, CPU, steps=1500, intensity=False, layout_curves=True, layout_levels=True)
+    curves = [fitted["gemm"][f"matmul@{la}:bf16"] for la in ("nn", "nt", "tn")]
+    assert fitted["layout_levels"] is True
+    assert len({(c["half_size"], c["slope"]) for c in curves}) == 1  # one ramp
+    levels = [c["peak_fraction"] for c in curves]
+    assert levels[0] < levels[1] < levels[2]
+    assert 5 < levels[2] / levels[0] < 14  # 9x in the truth
+    assert prior_fit.kernel_errors(rows, prior_fit.device_profile(CPU, fitted))["all"]["median_ape"] < 8
+    assert prior_fit.section_options(fitted)["layout_levels"] is True
+    assert prior_fit.section_options({"gemm": fitted["gemm"]})["layout_levels"] is False
+
+
 def test_a_bounded_layout_curve_holds_its_fraction_beyond_the_largest_kernel_it_was_fitted_on():
     """SYNTHETIC tn matmuls of 1e6-1e8 FLOPs on a ramp still rising at 1e8: fitted with
     ``bounded_layout_curves`` the layout's curve records the largest kernel it saw (``Curve.size_max``) and
