@@ -310,12 +310,14 @@ def test_section_options_read_how_a_shipped_section_was_fitted():
     assert prior_fit.section_options({"gemm": {}}) == {"vector_by_category": False, "memory_by_category": False,
                                                        "channel_ramp": False, "conv_intensity": "tensor",
                                                        "gemm_layouts": False, "layout_curves": False,
-                                                       "bounded_layout_curves": False}
+                                                       "bounded_layout_curves": False, "layout_levels": False}
     full = {"vector_fraction": {"norm": 0.5}, "memory_fraction": {"copy:fp32": 1.0}, "channel_ramp": {"x": [1, 1]},
-            "conv_intensity": "gemm", "gemm_layouts": True, "gemm": {"matmul@tn:bf16": {"size_max": 1e9}}}
+            "conv_intensity": "gemm", "gemm_layouts": True, "gemm": {"matmul@tn:bf16": {"size_max": 1e9}},
+            "layout_levels": True}
     assert prior_fit.section_options(full) == {"vector_by_category": True, "memory_by_category": True,
                                                "channel_ramp": True, "conv_intensity": "gemm", "gemm_layouts": True,
-                                               "layout_curves": True, "bounded_layout_curves": True}
+                                               "layout_curves": True, "bounded_layout_curves": True,
+                                               "layout_levels": True}
     table = prior.calibration()
     assert prior_fit.section_options(table["cpu"])["vector_by_category"]  # per-category since the 19th session
     assert prior_fit.section_options(table["cpu-amd-epyc-family-26-model-2"])["memory_by_category"]
