@@ -972,6 +972,20 @@ def test_gemms_priced_at_their_layout_s_ceiling_where_a_fit_has_layouts():
     assert not prior.profile_from_dict(hw, CPU_TRUE).gemm_layouts
 
 
+def _layout_matmul_rows(profile, seed: int, decades: int, n: int = 3000):
+    """SYNTHETIC bf16 matmul kernels of random layouts (nn, nt, tn) and 1e6 to 1e(6 + ``decades``) FLOPs,
+    timed by ``profile`` with 5 % log-normal noise."""
+    g = torch.Generator().manual_seed(seed)
+    layout = torch.randint(1, 4, (n,), generator=g)
+    flops = 10 ** (6 + decades * torch.rand(n, generator=g, dtype=torch.float64))
+    rows = prior_fit.KernelRows(flops, flops ** (2 / 3) * 6, ["bf16"] * n, torch.ones(n, dtype=torch.bool),
+                                torch.ones(n, dtype=torch.bool), ["matmul"] * n, ["synthetic"] * n,
+                                torch.zeros(n, dtype=torch.float64), layout=layout)
+    rows.seconds = prior_fit._prior_seconds(rows, profile) * torch.exp(
+        0.05 * torch.randn(n, generator=g, dtype=torch.float64))
+    return rows
+
+
 def test_a_layout_s_own_curve_follows_its_own_size_ramp():
     """SYNTHETIC bf16 matmuls whose three layouts grow with size differently (nn slowing down, nt and tn
     ramping up): a ratio per layout on one shared ramp cannot price them, a curve per layout
@@ -984,15 +998,7 @@ def test_a_layout_s_own_curve_follows_its_own_size_ramp():
              "vector": {"peak_fraction": 1.0}, "memory": {"peak_fraction": 100.0}, "launch_floor_s": 1e-6}
     profile = prior.profile_from_dict(CPU, truth)
     assert profile.layout_curves and prior.gemm_keys("bf16", "matmul", False, "tn")[0] == "matmul@tn:bf16"
-    g = torch.Generator().manual_seed(6)
-    n = 3000
-    layout = torch.randint(1, 4, (n,), generator=g)
-    flops = 10 ** (6 + 4 * torch.rand(n, generator=g, dtype=torch.float64))
-    rows = prior_fit.KernelRows(flops, flops ** (2 / 3) * 6, ["bf16"] * n, torch.ones(n, dtype=torch.bool),
-                                torch.ones(n, dtype=torch.bool), ["matmul"] * n, ["synthetic"] * n,
-                                torch.zeros(n, dtype=torch.float64), layout=layout)
-    rows.seconds = prior_fit._prior_seconds(rows, profile) * torch.exp(0.05 * torch.randn(n, generator=g,
-                                                                                         dtype=torch.float64))
+    rows = _layout_matmul_rows(profile, seed=6, decades=4)
     own = prior_fit.fit_device(rows, CPU, steps=1500, intensity=False, layout_curves=True)
     assert {"matmul@nn:bf16", "matmul@nt:bf16", "matmul@tn:bf16"} <= set(own["gemm"])
     shared = prior_fit.fit_device(rows, replace(CPU, gemm_layout_ratio={"bf16:nt": 7.0, "bf16:tn": 18.0}), steps=1500,
@@ -1025,15 +1031,7 @@ def test_layout_levels_share_one_ramp_and_fit_each_layout_s_own_level():
                       "matmul@tn:bf16": {"peak_fraction": 0.18, **ramp},
                       "matmul:bf16": {"peak_fraction": 0.05, **ramp}},
              "vector": {"peak_fraction": 1.0}, "memory": {"peak_fraction": 100.0}, "launch_floor_s": 1e-6}
-    g = torch.Generator().manual_seed(8)
-    n = 3000
-    layout = torch.randint(1, 4, (n,), generator=g)
-    flops = 10 ** (6 + 3 * torch.rand(n, generator=g, dtype=torch.float64))
-    rows = prior_fit.KernelRows(flops, flops ** (2 / 3) * 6, ["bf16"] * n, torch.ones(n, dtype=torch.bool),
-                                torch.ones(n, dtype=torch.bool), ["matmul"] * n, ["synthetic"] * n,
-                                torch.zeros(n, dtype=torch.float64), layout=layout)
-    rows.seconds = prior_fit._prior_seconds(rows, prior.profile_from_dict(CPU, truth)) * torch.exp(
-        0.05 * torch.randn(n, generator=g, dtype=torch.float64))
+    rows = _layout_matmul_rows(prior.profile_from_dict(CPU, truth), seed=8, decades=3)
     fitted = prior_fit.fit_device(rows, CPU, steps=1500, intensity=False, layout_curves=True, layout_levels=True)
     curves = [fitted["gemm"][f"matmul@{la}:bf16"] for la in ("nn", "nt", "tn")]
     assert fitted["layout_levels"] is True
