@@ -4,7 +4,8 @@
 
 For every measured FSDP step (``collect --ddp --parallel fsdp|fsdp-no-reshard`` under torchrun, 2 and 4
 gloo processes on the 2-core machine), the *measured* one-process step of the same configuration (its
-forward, backward and optimizer medians) is the compute, slowed by the profile's measured contention,
+forward, backward and optimizer medians, over its single-process records of the same UTC day as its
+FSDP records: ``--twins``) is the compute, slowed by the profile's measured contention,
 and gnn_ptp/fsdp.py adds the all-gathers and reduce-scatters of its blocks (the cpu-gloo profile's lines).
 This isolates the FSDP model from the GNN. "naive" is the one-process step alone, for scale.
 """
@@ -34,6 +35,9 @@ def main() -> None:
     ap.add_argument("--timing", choices=("all", "first", "last"), default="all",
                     help="which measurements of a configuration give its measured step: the median of all "
                          "(default), the first pass or the last")
+    ap.add_argument("--twins", choices=("same-day", "all"), default="same-day",
+                    help="which single-process records give a configuration's one-process step: those of the "
+                         "same UTC day as its FSDP records (default; all where none is), or all of them")
     ap.add_argument("--memory", action="store_true",
                     help="also compare the per-rank memory model with the records' memory labels (traces each "
                          "configuration on the CPU: slower)")
@@ -65,14 +69,16 @@ def main() -> None:
                               r["ddp"]["parallel"])].append(r)
     profile = interconnect.load(args.interconnect)
     rows = []
+    fallbacks = 0
     for group in measurements.values():
         group = sorted(group, key=lambda x: x["timestamp"])
         timed = group if args.timing == "all" else [group[0] if args.timing == "first" else group[-1]]
         r = group[0]
         c, world, mode = r["config"], r["ddp"]["world_size"], r["ddp"]["parallel"]
-        alone = single.get(json.dumps(c, sort_keys=True))
+        alone, fell_back = twins_of(single.get(json.dumps(c, sort_keys=True), []), group, args.twins)
         if not alone:
             continue
+        fallbacks += fell_back
         med = {k: statistics.median(x["timing"][k]["median"] for x in alone)
                for k in ("forward_ms", "backward_ms", "optimizer_ms", "step_ms")}
         precision = get_precision(c["precision"])
@@ -118,6 +124,10 @@ def main() -> None:
           f"each one's measurements) with a one-process twin; interconnect {profile.name}"
           + (f"; label noise: max/min - 1 between a configuration's measurements, median "
              f"{statistics.median(spreads):.1f}%" if spreads else ""))
+    twins = ("the records of the same UTC day as each configuration's FSDP records" if args.twins == "same-day"
+             else "every single-process record")
+    print(f"one-process twins: {twins}"
+          + (f" ({fallbacks} configurations with none that day: all their records)" if fallbacks else ""))
     print(f"{'model':<32}{'prec':>9}{'mode':>17}{'N':>3}{'blk':>4}{'measured':>10}{'1-proc':>9}{'comm':>8}"
           f"{'head':>9}{'err':>7}")
     for x in rows:
@@ -143,6 +153,18 @@ def main() -> None:
               f"{sum(e <= 10 for e in errs)} within 10%; predicted below measured in {under}")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
+
+
+def twins_of(alone: list[dict], group: list[dict], mode: str = "same-day") -> tuple[list[dict], bool]:
+    """The single-process records (``alone``) that stand for a configuration's one-process step beside its
+    FSDP records (``group``): with ``mode`` "same-day" those measured on a UTC day one of the FSDP records was
+    (a machine's speed moves from day to day; the schedule is judged against compute as it ran then), all of
+    them where none was (and True, a fallback); with "all", all of them."""
+    if mode == "all" or not alone:
+        return alone, False
+    days = {r["timestamp"][:10] for r in group}
+    same = [r for r in alone if r["timestamp"][:10] in days]
+    return (same, False) if same else (alone, True)
 
 
 def overheads_of(profile, world: int, no_fresh: bool):
