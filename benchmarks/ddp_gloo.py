@@ -4,7 +4,7 @@
 
 For every measured DDP step (2 and 4 gloo processes on the 2-core machine), two predictions:
 - head: the *measured* one-process step of the same configuration (median over its single-process
-  records) as the compute, plus the all-reduce head (the cpu-gloo profile, the traced graph's gradient
+  records of the same UTC day as the DDP record: ``--twins``) as the compute, plus the all-reduce head (the cpu-gloo profile, the traced graph's gradient
   buckets, the measured backward time). This isolates the communication model from the GNN.
 - end to end: `gnn_ptp.predict(..., gpus=N, hardware="cpu")`, the shipped CPU checkpoint's compute plus the
   same head: what a user gets.
@@ -23,6 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from gnn_ptp.records import TWINS  # noqa: E402 (after the path insert)
+
 
 def config_key(config: dict) -> str:
     return json.dumps(config, sort_keys=True)
@@ -33,12 +35,15 @@ def main() -> None:
     ap.add_argument("--data", default="datasets/cpu")
     ap.add_argument("--interconnect", default="cpu-gloo")
     ap.add_argument("--json", help="also write the rows here")
+    ap.add_argument("--twins", choices=TWINS, default="same-day",
+                    help="which single-process records give a configuration's one-process step: those of the "
+                         "same UTC day as its DDP record (default; all where none is), or all of them")
     args = ap.parse_args()
 
     from gnn_ptp import comm, interconnect
     from gnn_ptp.cli import _quiet_libraries
     from gnn_ptp.prediction import _graphs, predict_many
-    from gnn_ptp.records import load_records
+    from gnn_ptp.records import load_records, same_day_twins
     from gnn_ptp.spec import Shape, parse_spec
     from gnn_ptp.trace import StepConfig
 
@@ -54,11 +59,13 @@ def main() -> None:
     profile = interconnect.load(args.interconnect)
 
     rows = []
+    fallbacks = 0
     for r in ddp:
         c, world = r["config"], r["ddp"]["world_size"]
-        alone = single.get(config_key(c))
+        alone, fell_back = same_day_twins(single.get(config_key(c), []), [r], args.twins)
         if not alone:
             continue
+        fallbacks += fell_back
         step_1 = statistics.median(x["timing"]["step_ms"]["median"] for x in alone)
         bwd_1 = statistics.median(x["timing"]["backward_ms"]["median"] for x in alone)
         spec = parse_spec(c["spec"], [f"{k}={v}" for k, v in (c.get("set") or {}).items()], c.get("task"))
@@ -87,6 +94,10 @@ def main() -> None:
         return abs(pred / meas - 1) * 100
 
     print(f"{len(rows)} gloo DDP records with a one-process twin; interconnect {profile.name}")
+    twins = ("the records of the same UTC day as each DDP record" if args.twins == "same-day"
+             else "every single-process record")
+    print(f"one-process twins: {twins}"
+          + (f" ({fallbacks} records with none that day: all their twins)" if fallbacks else ""))
     print(f"{'model':<34}{'prec':>9}{'N':>3}{'params':>9}{'measured':>10}{'1-proc':>9}{'comm':>8}"
           f"{'head':>9}{'err':>7}{'e2e':>9}{'err':>7}")
     for x in rows:

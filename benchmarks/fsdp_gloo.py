@@ -22,6 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gnn_ptp.errors import run_script  # noqa: E402 (after the path insert)
+from gnn_ptp.records import TWINS, same_day_twins  # noqa: E402
 
 
 def main() -> None:
@@ -35,7 +36,7 @@ def main() -> None:
     ap.add_argument("--timing", choices=("all", "first", "last"), default="all",
                     help="which measurements of a configuration give its measured step: the median of all "
                          "(default), the first pass or the last")
-    ap.add_argument("--twins", choices=("same-day", "all"), default="same-day",
+    ap.add_argument("--twins", choices=TWINS, default="same-day",
                     help="which single-process records give a configuration's one-process step: those of the "
                          "same UTC day as its FSDP records (default; all where none is), or all of them")
     ap.add_argument("--memory", action="store_true",
@@ -75,7 +76,7 @@ def main() -> None:
         timed = group if args.timing == "all" else [group[0] if args.timing == "first" else group[-1]]
         r = group[0]
         c, world, mode = r["config"], r["ddp"]["world_size"], r["ddp"]["parallel"]
-        alone, fell_back = twins_of(single.get(json.dumps(c, sort_keys=True), []), group, args.twins)
+        alone, fell_back = same_day_twins(single.get(json.dumps(c, sort_keys=True), []), group, args.twins)
         if not alone:
             continue
         fallbacks += fell_back
@@ -153,18 +154,6 @@ def main() -> None:
               f"{sum(e <= 10 for e in errs)} within 10%; predicted below measured in {under}")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
-
-
-def twins_of(alone: list[dict], group: list[dict], mode: str = "same-day") -> tuple[list[dict], bool]:
-    """The single-process records (``alone``) that stand for a configuration's one-process step beside its
-    FSDP records (``group``): with ``mode`` "same-day" those measured on a UTC day one of the FSDP records was
-    (a machine's speed moves from day to day; the schedule is judged against compute as it ran then), all of
-    them where none was (and True, a fallback); with "all", all of them."""
-    if mode == "all" or not alone:
-        return alone, False
-    days = {r["timestamp"][:10] for r in group}
-    same = [r for r in alone if r["timestamp"][:10] in days]
-    return (same, False) if same else (alone, True)
 
 
 def overheads_of(profile, world: int, no_fresh: bool):

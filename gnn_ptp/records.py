@@ -91,6 +91,21 @@ def load_records(path, status: str | None = "ok", strict: bool = False, check=No
 _TIMING_KEYS = ("forward_ms", "backward_ms", "optimizer_ms", "step_ms")
 
 
+TWINS = ("same-day", "all")
+
+
+def same_day_twins(alone: list[dict], beside: list[dict], mode: str = "same-day") -> tuple[list[dict], bool]:
+    """The single-process records (``alone``) that stand for a configuration's one-process step beside its
+    multi-process records (``beside``, DDP or FSDP): with ``mode`` "same-day" those measured on a UTC day one
+    of ``beside`` was (a machine's speed moves from day to day; a data-parallel model is judged against compute
+    as it ran then), all of them where none was (and True: a fallback); with "all", all of them."""
+    if mode == "all" or not alone:
+        return alone, False
+    days = {r["timestamp"][:10] for r in beside}
+    same = [r for r in alone if r["timestamp"][:10] in days]
+    return (same, False) if same else (alone, True)
+
+
 def _number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
 

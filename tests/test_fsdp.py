@@ -288,20 +288,16 @@ def test_predict_parallel_bad_input(args, message):
         predict_many("hf:gpt2", ["amp-bf16"], batch_size=2, seq_len=64, hardware="h100", **args)
 
 
-def test_fsdp_gloo_twins_are_the_same_day_records_or_all_where_none_is():
-    """benchmarks/fsdp_gloo.py's one-process twins: the single-process records of the UTC days its FSDP records
-    ran (SYNTHETIC records, timestamps only), all of them where none ran that day (a fallback, flagged),
-    all of them with --twins all."""
-    import importlib.util
-    from pathlib import Path
 
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "fsdp_gloo.py"
-    spec = importlib.util.spec_from_file_location("fsdp_gloo", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+def test_data_parallel_twins_are_the_same_day_records_or_all_where_none_is():
+    """records.same_day_twins, the one-process twins of benchmarks/fsdp_gloo.py and ddp_gloo.py: the
+    single-process records of the UTC days the multi-process records ran (SYNTHETIC records, timestamps only),
+    all of them where none ran that day (a fallback, flagged), all of them with --twins all."""
+    from gnn_ptp.records import same_day_twins
+
     alone = [{"timestamp": t} for t in ("2026-11-24T01:10:00Z", "2026-11-24T23:59:00Z", "2026-11-25T06:00:00Z")]
     fsdp = [{"timestamp": "2026-11-24T02:00:00Z"}, {"timestamp": "2026-11-24T03:00:00Z"}]
-    assert module.twins_of(alone, fsdp) == (alone[:2], False)
-    assert module.twins_of(alone, fsdp, "all") == (alone, False)
-    assert module.twins_of(alone, [{"timestamp": "2026-11-27T10:00:00Z"}]) == (alone, True)
-    assert module.twins_of([], fsdp) == ([], False)
+    assert same_day_twins(alone, fsdp) == (alone[:2], False)
+    assert same_day_twins(alone, fsdp, "all") == (alone, False)
+    assert same_day_twins(alone, [{"timestamp": "2026-11-27T10:00:00Z"}]) == (alone, True)
+    assert same_day_twins([], fsdp) == ([], False)
