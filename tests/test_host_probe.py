@@ -18,10 +18,7 @@ def test_a_busy_host_issues_slower(monkeypatch):
     """A pure-Python thread competing for the interpreter (what a collector's own background work, or a
     host shared with it, does to a host-bound step): the probe's mean over a few milliseconds includes the
     time the issuing thread waits for the lock. A probe that measured nothing of the host would not move."""
-    import statistics
-
     monkeypatch.setattr(host_probe, "OPS", 20000)  # ~35 ms a probe: many 1 ms turns of the lock, not luck
-    idle = min(host_probe.issue_us(torch.device("cpu")) for _ in range(3))
     running, stop = threading.Event(), threading.Event()
 
     def spin():
@@ -30,18 +27,30 @@ def test_a_busy_host_issues_slower(monkeypatch):
         while not stop.is_set():
             x += 1
 
+    def busy_probe() -> float:
+        running.clear()
+        stop.clear()
+        hog = threading.Thread(target=spin, daemon=True)
+        hog.start()
+        try:
+            assert running.wait(5)
+            return host_probe.issue_us(torch.device("cpu"))
+        finally:
+            stop.set()
+            hog.join()
+
     old = sys.getswitchinterval()
     sys.setswitchinterval(0.001)  # the lock changes hands every 1 ms: the test stays short
-    hog = threading.Thread(target=spin, daemon=True)
-    hog.start()
     try:
-        assert running.wait(5)
-        busy = statistics.median(host_probe.issue_us(torch.device("cpu")) for _ in range(3))
+        # idle and busy probes interleaved, the fastest of each: on a host that other processes time-slice
+        # (CI's other worker), both see the same slicing, and the least-sliced probe of each is compared
+        idle, busy = [], []
+        for _ in range(6):
+            idle.append(host_probe.issue_us(torch.device("cpu")))
+            busy.append(busy_probe())
     finally:
-        stop.set()
-        hog.join()
         sys.setswitchinterval(old)
-    assert busy > 1.5 * idle, (idle, busy)
+    assert min(busy) > 1.3 * min(idle), (idle, busy)  # 10-100x on an idle 2-core VM, 1.4-2.9x with 4 busy loops beside it
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
