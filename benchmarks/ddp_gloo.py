@@ -5,7 +5,8 @@
 For every measured DDP step (2 and 4 gloo processes on the 2-core machine), two predictions:
 - head: the *measured* one-process step of the same configuration (median over its single-process
   records of the same UTC day as the DDP record: ``--twins``) as the compute, plus the all-reduce head
-  (the cpu-gloo profile, the traced graph's gradient buckets, the measured backward time). This isolates the communication model from the GNN.
+  (the cpu-gloo profile, the traced graph's gradient buckets, the measured backward time). This isolates
+  the communication model from the GNN.
 - end to end: `gnn_ptp.predict(..., gpus=N, hardware="cpu")`, the shipped CPU checkpoint's compute plus the
   same head: what a user gets.
 Both against the measured DDP step (median over the timed steps of rank 0). Prints a table and MAPE per

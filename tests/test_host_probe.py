@@ -50,7 +50,8 @@ def test_a_busy_host_issues_slower(monkeypatch):
             busy.append(busy_probe())
     finally:
         sys.setswitchinterval(old)
-    assert min(busy) > 1.3 * min(idle), (idle, busy)  # 10-100x on an idle 2-core VM, 1.4-2.9x with 4 busy loops beside it
+    # 10-100x on an idle 2-core VM, 1.4-2.9x with four busy loops beside it
+    assert min(busy) > 1.3 * min(idle), (idle, busy)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
