@@ -39,6 +39,9 @@ def main() -> None:
     ap.add_argument("--twins", choices=TWINS, default="same-day",
                     help="which single-process records give a configuration's one-process step: those of the "
                          "same UTC day as its FSDP records (default; all where none is), or all of them")
+    ap.add_argument("--day", metavar="YYYY-MM-DD",
+                    help="score only the FSDP records of this UTC day (their twins are then that day's too): one "
+                         "session's steps against the profile measured in it")
     ap.add_argument("--memory", action="store_true",
                     help="also compare the per-rank memory model with the records' memory labels (traces each "
                          "configuration on the CPU: slower)")
@@ -48,6 +51,8 @@ def main() -> None:
                     help="leave out the fresh-buffer cost (page faults of FSDP2's flat buffers above the "
                          "allocator's mmap threshold), keeping the other overheads")
     args = ap.parse_args()
+    if args.day:
+        args.day = utc_day(args.day)
 
     from gnn_ptp import fsdp, interconnect
     from gnn_ptp.cli import _quiet_libraries
@@ -65,7 +70,7 @@ def main() -> None:
                 continue
             if not r.get("ddp"):
                 single[json.dumps(r["config"], sort_keys=True)].append(r)
-            elif r["ddp"].get("parallel", "ddp") != "ddp":
+            elif r["ddp"].get("parallel", "ddp") != "ddp" and (not args.day or r["timestamp"][:10] == args.day):
                 measurements[(json.dumps(r["config"], sort_keys=True), r["ddp"]["world_size"],
                               r["ddp"]["parallel"])].append(r)
     profile = interconnect.load(args.interconnect)
@@ -127,6 +132,8 @@ def main() -> None:
              f"{statistics.median(spreads):.1f}%" if spreads else ""))
     twins = ("the records of the same UTC day as each configuration's FSDP records" if args.twins == "same-day"
              else "every single-process record")
+    if args.day:
+        print(f"FSDP records of {args.day} (UTC) only")
     print(f"one-process twins: {twins}"
           + (f" ({fallbacks} configurations with none that day: all their records)" if fallbacks else ""))
     print(f"{'model':<32}{'prec':>9}{'mode':>17}{'N':>3}{'blk':>4}{'measured':>10}{'1-proc':>9}{'comm':>8}"
@@ -154,6 +161,17 @@ def main() -> None:
               f"{sum(e <= 10 for e in errs)} within 10%; predicted below measured in {under}")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
+
+
+def utc_day(text: str) -> str:
+    import datetime
+
+    from gnn_ptp.errors import UserError
+
+    try:
+        return datetime.date.fromisoformat(text).isoformat()
+    except ValueError:
+        raise UserError(f"--day {text}: not a date; allowed: YYYY-MM-DD (a UTC day), e.g. 2026-11-28") from None
 
 
 def overheads_of(profile, world: int, no_fresh: bool):

@@ -453,6 +453,15 @@ def test_fsdp_gloo_bad_interconnect_is_one_line_exit_2():
         "fsdp_gloo.py: error: --interconnect no-such-profile.json: no such file"]
 
 
+def test_fsdp_gloo_bad_day_is_one_line_exit_2():
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "fsdp_gloo.py"
+    r = subprocess.run([sys.executable, str(script), "--day", "2026-13-01"], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().splitlines() == [
+        "fsdp_gloo.py: error: --day 2026-13-01: not a date; allowed: YYYY-MM-DD (a UTC day), e.g. 2026-11-28"]
+
+
 def test_run_script_exits_with_mains_code_and_one_line_on_user_error(capsys):
     """errors.run_script, which every benchmark script's __main__ goes through: main's return value is the exit
     code (None is 0), a UserError is `<prog>: error: <message>` on one line and exit 2, anything else is raised."""
