@@ -9,10 +9,11 @@ Two ways to run it:
 - on one machine, without torchrun: it starts ``--procs`` gloo worlds itself (e.g. 2 and 4 processes).
 
 What is measured: out-of-place-equivalent ``all_reduce`` of float32 tensors (sum) from ``--min-bytes``
-to ``--max-bytes`` in steps of 2x (with ``--collectives``, also or instead ``all_gather_into_tensor`` and
-``reduce_scatter_tensor``, the sizes being the unsharded tensor's, as FSDP issues them); for each size a few warm-up calls, then as many timed calls as fill
-``--min-time-s`` (the count agreed by all ranks), the time per call being the slowest rank's mean, as
-nccl-tests reports it. The alpha-beta line of ``comm.fit_fabric`` is fitted on sizes >= ``--fit-min-bytes``
+to ``--max-bytes`` in steps of 2x (with ``--collectives``, also or instead the all-gather and
+reduce-scatter FSDP2 calls, ``all_gather_single`` and ``reduce_scatter_single`` (the ``*_tensor`` names on
+torch before them), the sizes being the unsharded tensor's, as FSDP issues them); for each size a few
+warm-up calls, then as many timed calls as fill ``--min-time-s`` (the count agreed by all ranks), the time
+per call being the slowest rank's mean, as nccl-tests reports it. The alpha-beta line of ``comm.fit_fabric`` is fitted on sizes >= ``--fit-min-bytes``
 with every third size held out, and the held-out error is printed. The other collectives get two lines
 each (below ``--fit-min-bytes`` and from it up: FSDP's per-block messages are often small), stored beside
 the all-reduce levels. The raw rows go into the profile.
@@ -106,6 +107,10 @@ def measure_collective(kind: str, sizes: list[int], min_time_s: float, min_iters
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return float(t.item())
 
+    # the calls FSDP2 makes: torch 2.14 names them *_single (the *_tensor names warn there); older torch has
+    # only the *_tensor names
+    all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
     rows = []
     world = dist.get_world_size()
     for nbytes in sizes:
@@ -117,10 +122,10 @@ def measure_collective(kind: str, sizes: list[int], min_time_s: float, min_iters
                 dist.all_reduce(buf)
         elif kind == "all_gather":
             def call():
-                dist.all_gather_into_tensor(buf, shard)
+                all_gather(buf, shard)
         else:
             def call():
-                dist.reduce_scatter_tensor(shard, buf)
+                reduce_scatter(shard, buf)
         for _ in range(warmup_iters):
             call()
         sync()
