@@ -162,32 +162,40 @@ def _reference_work(seconds: float) -> float:
     return rounds / elapsed
 
 
-def measure_node_sharing(seconds: float = 3.0) -> dict:
+def measure_node_sharing(seconds: float = 1.5, rounds: int = 5) -> dict:
     """How ranks on one machine slow each other down, measured in the current (gloo) process group:
     - ``compute_slowdown``: the reference work's speed on rank 0 alone (the others idle) over its mean
-      speed when every rank runs it at once (cores, caches and memory bandwidth shared);
+      speed when every rank runs it at once (cores, caches and memory bandwidth shared), measured in
+      ``rounds`` rounds of ``seconds`` alone then ``seconds`` together, the median of the rounds' ratios
+      (``compute_slowdown_rounds``: one 3 s pair moved by 13-20 % from call to call on a 2-core VM, at 4
+      ranks 2.04-2.64x in five calls in a row);
     - ``copy_GBps``: one rank's memory copy bandwidth while every rank copies (DDP copies each gradient
       into its bucket and the result back: two copies of every gradient byte a step, on the compute
       thread, with gradient_as_bucket_view=False, the default)."""
+    import statistics
+
     import torch
     import torch.distributed as dist
 
-    dist.barrier()
-    alone = torch.tensor([_reference_work(seconds) if dist.get_rank() == 0 else 0.0], dtype=torch.float64)
-    dist.barrier()
-    together = torch.tensor([_reference_work(seconds)], dtype=torch.float64)
-    dist.all_reduce(alone)
-    dist.all_reduce(together)
-    together /= dist.get_world_size()
+    ratios = []
+    for _ in range(rounds):
+        dist.barrier()
+        alone = torch.tensor([_reference_work(seconds) if dist.get_rank() == 0 else 0.0], dtype=torch.float64)
+        dist.barrier()
+        together = torch.tensor([_reference_work(seconds)], dtype=torch.float64)
+        dist.all_reduce(alone)
+        dist.all_reduce(together)
+        ratios.append(float(alone / (together / dist.get_world_size())))
     src, dst = torch.ones(16 << 20 >> 2), torch.empty(16 << 20 >> 2)
     dist.barrier()
     copies, start = 0, time.perf_counter()
-    while (elapsed := time.perf_counter() - start) < seconds / 2:
+    while (elapsed := time.perf_counter() - start) < seconds:
         dst.copy_(src)
         copies += 1
     bw = torch.tensor([copies * (16 << 20) / elapsed / 1e9], dtype=torch.float64)
     dist.all_reduce(bw)
-    return {"compute_slowdown": float(alone / together), "copy_GBps": float(bw) / dist.get_world_size()}
+    return {"compute_slowdown": statistics.median(ratios), "compute_slowdown_rounds": ratios,
+            "copy_GBps": float(bw) / dist.get_world_size()}
 
 
 def _spawned_world(rank: int, world: int, init_file: str, out_file: str, cfg: CalibrateConfig) -> None:
@@ -469,7 +477,7 @@ def pool(cfg: CalibrateConfig, runs: list[Path]):
     rows = [{**got[0], "time_us": statistics.median(r["time_us"] for r in got),
              "iters": sum(r.get("iters", 0) for r in got), "runs": len(got)}
             for key, got in sorted(times.items()) if len(got) == len(loaded)]
-    sharing = {w: {k: statistics.median(p.node_sharing[w][k] for p in loaded) for k in first.node_sharing[w]}
+    sharing = {w: {k: statistics.median(p.node_sharing[w][k] for p in loaded) for k in ("compute_slowdown", "copy_GBps")}
                for w in first.node_sharing if all(w in p.node_sharing for p in loaded)}
     cfg = dataclasses.replace(cfg, procs=tuple(sorted(worlds(first))),
                               collectives=tuple(sorted({r["collective"] for r in rows})))
@@ -496,8 +504,10 @@ def format_profile(profile) -> str:
              f"{'yes' if profile.overlap else 'no'}"
              + (f"; compute slots per node: {profile.compute_slots}" if profile.compute_slots else "")]
     for ranks, sh in sorted(profile.node_sharing.items(), key=lambda kv: int(kv[0])):
+        spread = sh.get("compute_slowdown_rounds")
+        spread = (f", the median of {len(spread)} rounds, {min(spread):.2f}-{max(spread):.2f}x" if spread else "")
         lines.append(f"  {ranks} ranks on one node: compute {sh['compute_slowdown']:.2f}x slower than one rank "
-                     f"alone (measured), memory copies at {sh['copy_GBps']:.1f} GB/s a rank")
+                     f"alone (measured{spread}), memory copies at {sh['copy_GBps']:.1f} GB/s a rank")
     for level, fits in (("intra-node", profile.intra), ("inter-node", profile.inter)):
         for f in fits:
             rows = [r for r in profile.measurements if r["gpus"] == f.measured_gpus

@@ -4,6 +4,7 @@ processes, and DDP's bucket assignment against torch.distributed's own."""
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 
@@ -172,6 +173,9 @@ def test_calibrate_comm_with_real_gloo_processes(tmp_path):
     assert {r["message_bytes"] for r in first.measurements} == {128 << 10, 256 << 10, 512 << 10, 1 << 20,
                                                                 2 << 20, 4 << 20, 8 << 20}
     assert all(r["time_us"] > 0 for r in first.measurements) and "2" in first.node_sharing
+    sharing = first.node_sharing["2"]  # the compute slowdown is the median of its rounds, each kept
+    assert len(sharing["compute_slowdown_rounds"]) == 5 and all(r > 0 for r in sharing["compute_slowdown_rounds"])
+    assert sharing["compute_slowdown"] == statistics.median(sharing["compute_slowdown_rounds"])
     done = subprocess.run(cmd + ["--procs", "3"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     merged = interconnect.load(str(out))
