@@ -13,10 +13,10 @@ to ``--max-bytes`` in steps of 2x (with ``--collectives``, also or instead the a
 reduce-scatter FSDP2 calls, ``all_gather_single`` and ``reduce_scatter_single`` (the ``*_tensor`` names on
 torch before them), the sizes being the unsharded tensor's, as FSDP issues them); for each size a few
 warm-up calls, then as many timed calls as fill ``--min-time-s`` (the count agreed by all ranks), the time
-per call being the slowest rank's mean, as nccl-tests reports it. The alpha-beta line of ``comm.fit_fabric`` is fitted on sizes >= ``--fit-min-bytes``
-with every third size held out, and the held-out error is printed. The other collectives get two lines
-each (below ``--fit-min-bytes`` and from it up: FSDP's per-block messages are often small), stored beside
-the all-reduce levels. The raw rows go into the profile.
+per call being the slowest rank's mean, as nccl-tests reports it. The alpha-beta line of ``comm.fit_fabric``
+is fitted on sizes >= ``--fit-min-bytes`` with every third size held out, and the held-out error is printed.
+The other collectives get two lines each (below ``--fit-min-bytes`` and from it up: FSDP's per-block
+messages are often small), stored beside the all-reduce levels. The raw rows go into the profile.
 """
 
 from __future__ import annotations
@@ -477,7 +477,8 @@ def pool(cfg: CalibrateConfig, runs: list[Path]):
     rows = [{**got[0], "time_us": statistics.median(r["time_us"] for r in got),
              "iters": sum(r.get("iters", 0) for r in got), "runs": len(got)}
             for key, got in sorted(times.items()) if len(got) == len(loaded)]
-    sharing = {w: {k: statistics.median(p.node_sharing[w][k] for p in loaded) for k in ("compute_slowdown", "copy_GBps")}
+    figures = ("compute_slowdown", "copy_GBps")  # one run's rounds, where it has them, stay in its own file
+    sharing = {w: {k: statistics.median(p.node_sharing[w][k] for p in loaded) for k in figures}
                for w in first.node_sharing if all(w in p.node_sharing for p in loaded)}
     cfg = dataclasses.replace(cfg, procs=tuple(sorted(worlds(first))),
                               collectives=tuple(sorted({r["collective"] for r in rows})))

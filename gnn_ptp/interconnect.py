@@ -87,9 +87,9 @@ class Interconnect:
     """The rows a calibrated profile was fitted on (gpus, message_bytes, time_us)."""
     node_sharing: dict = field(default_factory=dict)
     """Measured by calibrate-comm on one machine, per rank count (str): ``compute_slowdown`` (a rank's
-    reference work, all ranks busy vs alone; since the twenty-fifth session the median of rounds, kept in
-    ``compute_slowdown_rounds``) and ``copy_GBps`` (a rank's memory-copy bandwidth, all ranks copying). Where
-    present, they replace ranks / compute_slots and add DDP's two gradient copies."""
+    reference work, all ranks busy vs alone: the median of the rounds kept in ``compute_slowdown_rounds``, or
+    one measurement in profiles older than the rounds) and ``copy_GBps`` (a rank's memory-copy bandwidth,
+    all ranks copying). Where present, they replace ranks / compute_slots and add DDP's two gradient copies."""
     collectives: dict = field(default_factory=dict)
     """Lines measured for other collectives than the all-reduce (``calibrate-comm --collectives``):
     ``{"all_gather" | "reduce_scatter": {"intra": (Fabric, ...), "inter": (...)}}``, each an alpha-beta

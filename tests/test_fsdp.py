@@ -288,7 +288,6 @@ def test_predict_parallel_bad_input(args, message):
         predict_many("hf:gpt2", ["amp-bf16"], batch_size=2, seq_len=64, hardware="h100", **args)
 
 
-
 def test_data_parallel_twins_are_the_same_day_records_or_all_where_none_is():
     """records.same_day_twins, the one-process twins of benchmarks/fsdp_gloo.py and ddp_gloo.py: the
     single-process records of the UTC days the multi-process records ran (SYNTHETIC records, timestamps only),
