@@ -380,7 +380,7 @@ def fit_profiles(data: Path, fit_families: list[str], **device_kw) -> tuple[dict
     return _section(hw, env, source, summary, by_class, fitted, profile, fit_families, errors), errors
 
 
-def fit_profiles_lofo(data: Path, hold_out: list[str] = (), score_only: bool = False,
+def fit_profiles_lofo(data: Path, hold_out: list[str] = (), score_only: bool = False, jobs: int = 1,
                       **device_kw) -> tuple[dict | None, dict]:
     """The shipped curves fitted to every family of a GPU dataset but ``hold_out`` (the families a
     checkpoint trained over this prior is tested on, which the prior must not see either); the expected
@@ -391,7 +391,7 @@ def fit_profiles_lofo(data: Path, hold_out: list[str] = (), score_only: bool = F
     hw = _layouts_for(hw, data, device_kw)
     device_kw = _depthwise_for(hw, device_kw)
     print(f"leave one family out ({len({s.family for s in samples})} families, {len(samples)} steps):")
-    lofo = prior_fit.leave_one_family_out(samples, seconds, hw, log=print, **device_kw)
+    lofo = prior_fit.leave_one_family_out(samples, seconds, hw, log=print, jobs=jobs, **device_kw)
     if score_only:  # --lofo-only: the expected error, without the shipped fit (~35 min on the H200's kernels)
         return None, {"lofo": lofo}
     unknown = sorted(set(hold_out) - {s.family for s in samples})
@@ -467,7 +467,8 @@ def _section(hw, env: dict, source: str, summary: str, by_class: str, fitted: di
             "gemm": fitted["gemm"], "vector": fitted["vector"], "memory": fitted["memory"],
             **({"vector_fraction": fitted["vector_fraction"]} if fitted.get("vector_fraction") else {}),
             **({k: fitted[k] for k in ("memory_fraction", "memory_half_size", "streaming", "depthwise",
-                                       "conv_intensity", "channel_ramp", "gemm_layouts", "layout_levels")
+                                       "conv_intensity", "channel_ramp", "gemm_layouts", "layout_levels",
+                                       "slow_conv")
                 if fitted.get(k)}),
             **({"fresh_threshold_bytes": fitted["fresh"]["threshold_bytes"],
                 "fresh_s_per_byte": fitted["fresh"]["s_per_byte"]} if fitted.get("fresh") else {}),
@@ -615,6 +616,15 @@ def main() -> None:
                     help="with --gemm-layout-curves: each layout's curve holds, beyond the largest kernel (FLOPs) it "
                          "was fitted on, the fraction it reaches there instead of extrapolating its size ramp "
                          "(declared on the fourth CPU kind in the twenty-second session: 25.2 against 26.6 %% over its steps, 25.8 against 25.5 %% as a mean of families, VGG unchanged; failed, no section has it)")
+    ap.add_argument("--slow-conv-law", action="store_true",
+                    help="with --profiles on a CPU kind without a fast bf16 path (torch runs its bf16 convolutions "
+                         "one sample at a time, slow_conv2d): dense bf16 convolutions priced by a sum of costs in "
+                         "their shape per direction (per multiply-add, per weight element per sample, per im2col "
+                         "element: prior.Profile.slow_conv) instead of the FLOPs curves (declared on the fourth CPU "
+                         "kind in the twenty-sixth session; README *A fourth CPU kind*)")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="with --lofo/--lofo-only: families left out in this many processes at once (each fit "
+                         "on one thread; the scores do not depend on it)")
     ap.add_argument("--no-intensity", action="store_true",
                     help="with --profiles: curves by kernel size alone, without the arithmetic-intensity ramp")
     ap.add_argument("--neusight", type=Path, help="a checkout of github.com/sitfor/NeuSight (re-fits h100)")
@@ -635,6 +645,8 @@ def main() -> None:
         ap.error("--profiles and --neusight both write the h100 section: give one")
     if args.bounded_layout_curves and not args.gemm_layout_curves:
         ap.error("--bounded-layout-curves bounds the curves of --gemm-layout-curves: give both")
+    if args.jobs < 1:
+        ap.error(f"--jobs {args.jobs}: a positive number of processes")
     if args.layout_levels and not args.gemm_layout_curves:
         ap.error("--layout-levels sets how the curves of --gemm-layout-curves are fitted: give both")
     table = json.loads(CALIBRATION_FILE.read_text()) if CALIBRATION_FILE.is_file() else {}
@@ -652,13 +664,15 @@ def main() -> None:
               **({"layout_curves": True} if args.gemm_layout_curves else {}),
               **({"bounded_layout_curves": True} if args.bounded_layout_curves else {}),
               **({"layout_levels": True} if args.layout_levels else {}),
+              **({"slow_conv": ("bf16",)} if args.slow_conv_law else {}),
               **(KERNEL_CLASSES if args.kernel_classes else {})}
         if args.lofo_only:
-            _, e = fit_profiles_lofo(args.profiles, score_only=True, **kw)
+            _, e = fit_profiles_lofo(args.profiles, score_only=True, jobs=args.jobs, **kw)
             print_lofo(e)
             return
         if args.lofo:
-            section, e = fit_profiles_lofo(args.profiles, [f for f in args.hold_out.split(",") if f], **kw)
+            section, e = fit_profiles_lofo(args.profiles, [f for f in args.hold_out.split(",") if f],
+                                           jobs=args.jobs, **kw)
         else:
             section, e = fit_profiles(args.profiles, [f for f in args.fit_families.split(",") if f], **kw)
         name = cpu_section_name(section["cpu_model"], table) if section["fitted_on"] == "cpu" else "h100"
@@ -669,7 +683,7 @@ def main() -> None:
         table[name] = section
         shown = ("gemm", "vector", "vector_fraction", "memory", "memory_fraction", "memory_half_size", "streaming",
                  "launch_floor_s", "host_issue_s", "host_fixed_s", "fresh_threshold_bytes", "fresh_s_per_byte",
-                 "depthwise", "conv_intensity", "channel_ramp", "gemm_layouts")
+                 "depthwise", "conv_intensity", "channel_ramp", "gemm_layouts", "slow_conv")
         print(f"{name}:", json.dumps({k: section[k] for k in shown if k in section}, indent=1))
         print_lofo(e) if args.lofo else print_profile_errors(e)
     if args.neusight:

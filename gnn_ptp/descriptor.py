@@ -231,7 +231,10 @@ def transfer(profile, source: "Descriptor", target: "Descriptor", mode: str | No
     bandwidth ratios, the pairing the step probes use). A kernel far below its peak, as a step's small GEMMs
     are below a matrix unit's, then moves by the core's memory and vector speed, not by that peak. A
     depthwise law (``prior.Profile.depthwise``, seconds rather than fractions of a peak) moves by that
-    same non-GEMM ratio when the kernels' time is not split (split, it is split like any kernel's)."""
+    same non-GEMM ratio when the kernels' time is not split (split, it is split like any kernel's). A
+    slow-path convolution law (``prior.Profile.slow_conv``) does not move: it prices a kernel torch runs on
+    the source kind only (its bf16 convolutions one sample at a time), so the target's convolutions take
+    the curves."""
     from dataclasses import replace
 
     from gnn_ptp import prior
@@ -264,6 +267,10 @@ def transfer(profile, source: "Descriptor", target: "Descriptor", mode: str | No
     elif moved_from is not None:
         raise UserError(f"a prior moved by splitting its kernels' time cannot move on from {source.name!r} "
                         f"to {target.name!r} by the {'step probes' if mode == 'split' else mode}")
+    if source != target and profile.slow_conv:  # a code path of the source's torch on its CPU, not a rate
+        profile = replace(profile, slow_conv={})
+        if moved_from is not None and moved_from[0].slow_conv:
+            moved_from = (replace(moved_from[0], slow_conv={}), *moved_from[1:])
     depthwise = profile.depthwise
     if depthwise and moved_from is None:  # a law is in seconds, not a fraction of a peak: it moves by the rest's ratio
         depthwise = prior.scaled_depthwise(depthwise, 1.0 / math.sqrt(ratio["vector"] * ratio["memory"]))

@@ -220,6 +220,18 @@ class Profile:
     256-1,024-channel ones 1.4-1.9 (README, *Analytic H100 mode*). Other nodes, and a profile without it,
     are unchanged (``batch_norm_channels``)."""
 
+    slow_conv: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    """Where fitted so (``prior_fit.fit_device(slow_conv=("bf16",))``), per "forward:<dtype>" and
+    "backward:<dtype>", a dense 2-d convolution's time as a sum of costs in its shape (``slow_conv_terms``,
+    coefficients in seconds per unit, ``slow_conv_seconds``): per call, per multiply-add, per multiply-add
+    times how far its per-sample im2col matrix spills past ``SLOW_CONV_CACHE_BYTES``, per weight-gradient
+    element per sample, per im2col element and per input/output element. On a CPU without a fast path for
+    the dtype torch runs such a convolution one sample at a time (``slow_conv2d``: im2col, then a plain
+    loop GEMM): on the fourth CPU kind here its bf16 backward costs ~41 ns per weight element per sample
+    (the weight gradient accumulated sample by sample) whatever its FLOPs, so a ResNet 3x3 convolution on a
+    1x1 map runs at 0.08 GFLOP/s and a random CNN's 32x32 one at 9 (README, *A fourth CPU kind*). Other
+    nodes, and a (direction, dtype) without a law, use the curves."""
+
     @property
     def serial(self) -> bool:
         """A CPU: the thread that issues a kernel runs it, so a phase with host costs is their plain sum,
@@ -454,7 +466,7 @@ def calibration() -> dict:
 PREDICTIVE_KEYS = ("gemm", "vector", "memory", "launch_floor_s", "host_issue_s", "host_fixed_s")
 OPTIONAL_PREDICTIVE_KEYS = ("vector_fraction", "memory_fraction", "memory_half_size", "streaming",
                             "fresh_threshold_bytes", "fresh_s_per_byte", "depthwise", "conv_intensity",
-                            "channel_ramp", "gemm_layouts")
+                            "channel_ramp", "gemm_layouts", "slow_conv")
 """Predictive keys a section may lack; the digest covers them only where present, so that a section
 written before they existed keeps its digest (and the checkpoints trained over it stay valid)."""
 
@@ -490,7 +502,8 @@ def profile_from_dict(hw: Hardware, d: dict) -> Profile:
                    float(d.get("fresh_s_per_byte", 0.0)),
                    borrowed_depthwise(hw, d), conv_intensity=d.get("conv_intensity", "tensor"),
                    channel_ramp={k: (float(v[0]), float(v[1])) for k, v in d.get("channel_ramp", {}).items()},
-                   gemm_layouts=bool(d.get("gemm_layouts", False)))
+                   gemm_layouts=bool(d.get("gemm_layouts", False)),
+                   slow_conv={k: tuple(float(v) for v in c) for k, c in d.get("slow_conv", {}).items()})
 
 
 def borrowed_depthwise(hw: Hardware, d: dict) -> dict[str, tuple[float, ...]]:
@@ -620,7 +633,78 @@ def _kernel_seconds(x: torch.Tensor, x_cat: torch.Tensor, profile: Profile,
             law = depthwise_law_seconds(shapes[has], x_cat[has, 3] == BACKWARD_PHASE,
                                         [ops.DTYPES[d] for d in dtype[has].tolist()], profile.depthwise)
             seconds[has] = torch.where(torch.isnan(law), seconds[has], law)
+    if profile.slow_conv:
+        terms = slow_conv_terms(x, x_cat)
+        has = ~torch.isnan(terms[:, 0])
+        if bool(has.any()):
+            law = slow_conv_seconds(terms[has], x_cat[has, 3] == BACKWARD_PHASE,
+                                    [ops.DTYPES[d] for d in dtype[has].tolist()], profile.slow_conv)
+            seconds[has] = torch.where(torch.isnan(law), seconds[has], law)
     return seconds, ideal_s
+
+
+SLOW_CONV_CACHE_BYTES = 32 * 1024
+"""The per-sample im2col matrix size above which a slow-path convolution's multiply-adds start to cost more
+(``slow_conv_terms``' third term grows with the log of its size over this: 32 KiB, a core's L1 data
+cache on the CPU kinds here; on the fourth kind a forward multiply-add costs ~0.9 ns with a matrix
+under 46 KB, ~1.6 ns at 0.2-0.5 MB and ~3 ns above 2 MB)."""
+
+SLOW_CONV_TERMS = ("call", "mac", "mac_spill", "weight_per_sample", "im2col", "io")
+"""The costs of a slow-path convolution (``slow_conv_terms``), in the order of a law's coefficients."""
+
+
+def slow_conv_terms(x: torch.Tensor, x_cat: torch.Tensor) -> torch.Tensor:
+    """Per node (float64 [N, 6], ``SLOW_CONV_TERMS``) what a dense 2-d convolution run one sample at a time
+    costs (``Profile.slow_conv``): 1 (the call), its multiply-adds (FLOPs / 2), those times
+    ``max(0, ln(im2col bytes per sample / SLOW_CONV_CACHE_BYTES))``, batch x weight elements (backward
+    only: the weight gradient is accumulated once per sample), batch x im2col elements (input channels x
+    taps x output positions) and the elements of its input and output tensors; NaN rows for every other
+    node (not a convolution, a grouped one, or not 2-d). A forward node's input and output are its input
+    and output; a fused backward node's, its first output (the input's gradient) and incoming gradient. A
+    backward node that computes no input gradient (a network's first convolution) has the weight's
+    gradient as its first output: its batch and output positions come from the incoming gradient."""
+    out = torch.full((x.shape[0], len(SLOW_CONV_TERMS)), float("nan"), dtype=torch.float64)
+    conv = (x_cat[:, 1] == CONV_CATEGORY) & ~grouped_conv(x, x_cat)
+    if not bool(conv.any()):
+        return out
+    xs, backward = x[conv], x_cat[conv, 3] == BACKWARD_PHASE
+    macs = _unlog(xs[:, 0]) / 2.0
+    first, second = _dims(xs[:, 4:8]), _dims(xs[:, 8:12])  # forward: output, input; backward: grad_in, grad_out
+    inp = torch.where(backward.unsqueeze(1), first, second)
+    outp = torch.where(backward.unsqueeze(1), second, first)
+    four_d = (inp > 0).all(1) & (outp > 0).all(1)
+    weight_only = backward & (inp[:, 0] != outp[:, 0])  # first output is the weight's gradient
+    batch, out_channels = outp[:, 0], outp[:, 1]
+    positions = outp[:, 2] * outp[:, 3]
+    gemms = torch.where(backward & ~weight_only, 2.0, 1.0)
+    depth = macs / (gemms * batch * positions * out_channels).clamp_min(1.0)  # input channels x taps
+    element = torch.tensor([_ELEMENT_BYTES.get(ops.DTYPES[d], 4.0) for d in x_cat[conv, 2].tolist()],
+                           dtype=torch.float64)
+    spill = torch.log(depth * positions * element / SLOW_CONV_CACHE_BYTES).clamp_min(0.0)
+    io = batch * out_channels * positions + torch.where(weight_only, 0.0, inp.clamp_min(1).prod(1))
+    terms = torch.stack([torch.ones_like(macs), macs, macs * spill,
+                         torch.where(backward, batch * out_channels * depth, torch.zeros_like(macs)),
+                         batch * depth * positions, io], 1)
+    terms[~(four_d & (depth >= 1))] = float("nan")
+    out[conv] = terms
+    return out
+
+
+def slow_conv_seconds(terms: torch.Tensor, backward: torch.Tensor, dtypes: list[str],
+                      law: dict[str, tuple[float, ...]]) -> torch.Tensor:
+    """Per node (float64 [N]) its time by a slow-path convolution law (``Profile.slow_conv``) from its
+    costs (``slow_conv_terms``), NaN where it has none or its (direction, dtype) no law."""
+    out = torch.full((terms.shape[0],), float("nan"), dtype=torch.float64)
+    if not law:
+        return out
+    has = ~torch.isnan(terms[:, 0])
+    names = np.array(dtypes)
+    for key, c in law.items():
+        direction, dtype = key.split(":")
+        rows = has & (backward == (direction == "backward")) & torch.from_numpy(names == dtype)
+        if bool(rows.any()):
+            out[rows] = terms[rows] @ torch.tensor(c, dtype=torch.float64)
+    return out
 
 
 def depthwise_key(backward: bool, dtype: str) -> str:

@@ -84,6 +84,9 @@ class KernelRows:
     layout: torch.Tensor | None = None
     """Per row, a two-operand GEMM's operand layout (graph.py's ``gemm_layout``, ``ops.GEMM_LAYOUTS``; 0 for
     other kernels; None: unknown)."""
+    slow_conv: torch.Tensor | None = None
+    """Per row, a dense convolution's slow-path costs ([R, 6], ``prior.slow_conv_terms``; NaN for other rows;
+    None: unknown, none)."""
 
     def __len__(self) -> int:
         return int(self.seconds.numel())
@@ -117,7 +120,7 @@ def kernel_rows(samples: list, node_seconds: dict[str, list[torch.Tensor]]) -> K
     """Rows of every node with a measured device time > 0 (``node_seconds``: per configuration key, one
     tensor of per-node seconds per profile, NaN where unmatched; profiles of a configuration averaged)."""
     parts = {k: [] for k in ("flops", "moved", "dtype", "gemm", "tc", "cat", "family", "s", "draw", "bwd", "fresh",
-                                 "grouped", "depthwise", "conv_gemm", "bn_channels", "opt", "layout")}
+                                 "grouped", "depthwise", "conv_gemm", "bn_channels", "opt", "layout", "slow_conv")}
     gemm_ids = torch.tensor([ops.CATEGORIES.index(c) for c in ops.TENSOR_CORE_CATEGORIES])
     for s in samples:
         per_profile = node_seconds.get(s.key)
@@ -144,6 +147,7 @@ def kernel_rows(samples: list, node_seconds: dict[str, list[torch.Tensor]]) -> K
         parts["grouped"].append(prior.grouped_conv(x, x_cat))
         parts["depthwise"].append(prior.depthwise_shapes(x, x_cat))
         parts["conv_gemm"].append(prior.conv_gemm_intensity(x, x_cat))
+        parts["slow_conv"].append(prior.slow_conv_terms(x, x_cat))
         parts["bn_channels"].append(prior.batch_norm_channels(x, x_cat))
         layout = getattr(s, "gemm_layout", None)
         parts["layout"].append(layout[keep].long() if layout is not None else torch.zeros(int(keep.sum()), dtype=torch.long))
@@ -157,7 +161,7 @@ def kernel_rows(samples: list, node_seconds: dict[str, list[torch.Tensor]]) -> K
                       torch.cat(parts["s"]), torch.cat(parts["draw"]), torch.cat(parts["bwd"]),
                       torch.cat(parts["fresh"]), torch.cat(parts["grouped"]), torch.cat(parts["depthwise"]),
                       torch.cat(parts["conv_gemm"]), torch.cat(parts["bn_channels"]), torch.cat(parts["opt"]),
-                      torch.cat(parts["layout"]))
+                      torch.cat(parts["layout"]), torch.cat(parts["slow_conv"]))
 
 
 def row_draws(key: str, n: int) -> torch.Tensor:
@@ -402,7 +406,8 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
                conv_intensity: str = "tensor", channel_ramp: bool = False, optimizer_memory: bool = False,
                own_vector: tuple[str, ...] = (), own_memory: tuple[str, ...] = (),
                gemm_layouts: bool = False, layout_curves: bool = False,
-               bounded_layout_curves: bool = False, layout_levels: bool = False) -> dict:
+               bounded_layout_curves: bool = False, layout_levels: bool = False,
+               slow_conv: tuple[str, ...] = ()) -> dict:
     """Curves (``prior.Curve`` dicts) for GEMM-like kernels per category and dtype (``by_category``; else per
     dtype), other compute ("vector"), memory traffic, and the device floor in seconds, fitted to ``rows``.
     With ``intensity`` the compute curves also ramp with arithmetic intensity; with ``vector_by_category``
@@ -448,7 +453,11 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
     of its own (``LAYOUT_SHIFT``, held toward the shared level by ``SHIFT_PENALTY``): the operand layout sets
     the kernel's path and so its level, the size and intensity ramps are shared by every layout (written out
     as full per-layout curves, so that prediction reads them as ``layout_curves``; ``"layout_levels": true``
-    in the result says how they were fitted)."""
+    in the result says how they were fitted). With ``slow_conv`` dtypes ("bf16"), each direction's dense
+    convolutions of those dtypes get a law in their shape (``fit_slow_conv``, ``prior.Profile.slow_conv``),
+    fitted to every such row; the curves are fitted as without it (the law overrides them where it
+    applies, and a prior moved to another kind drops it: ``descriptor.transfer``)."""
+    slow = fit_slow_conv(rows, tuple(slow_conv), fresh if fresh and fresh.get("s_per_byte") is not None else None)
     fit_fresh = bool(fresh) and fresh.get("s_per_byte") is None
     law, rows = _depthwise_apart(rows, None if fit_fresh else fresh) if depthwise else ({}, rows)
     if streaming is None:
@@ -541,6 +550,8 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
             out["streaming"] = sorted(streaming)
         if law:
             out["depthwise"] = law
+        if slow:
+            out["slow_conv"] = slow
         if conv_intensity != "tensor":
             out["conv_intensity"] = conv_intensity
         if gemm_layouts:
@@ -591,6 +602,48 @@ def fit_depthwise(rows: KernelRows, fresh: dict | None = None) -> tuple[dict, to
     return law, on_law
 
 
+def _nnls(A: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least squares with every coefficient >= 0: ``lstsq`` on the active columns, the negative ones dropped
+    until none is left (enough for a handful of columns whose costs all add)."""
+    active = list(range(A.shape[1]))
+    coef = np.zeros(A.shape[1])
+    while active:
+        c = np.linalg.lstsq(A[:, active], y, rcond=None)[0]
+        if (c >= 0).all():
+            coef[active] = c
+            break
+        active = [a for a, v in zip(active, c) if v >= 0]
+    return coef
+
+
+def fit_slow_conv(rows: KernelRows, dtypes: tuple[str, ...], fresh: dict | None = None) -> dict:
+    """A slow-path convolution law (``prior.Profile.slow_conv``) per direction and dtype of ``dtypes`` with
+    at least ``MIN_GROUP_ROWS`` dense convolutions in ``rows``: the time (less a measured fresh-allocation
+    cost, which the prior adds back; at least a tenth of it left) as a non-negative sum of the costs of
+    ``prior.slow_conv_terms``, fitted by least squares on the relative error, each row weighted by the
+    square root of its time over the median (as the curves weight theirs): {"backward:bf16": [6 s/unit]}.
+    {} without ``dtypes`` or such rows."""
+    if not dtypes or rows.slow_conv is None:
+        return {}
+    has = ~torch.isnan(rows.slow_conv[:, 0])
+    faults = (None if not fresh or fresh.get("s_per_byte") is None
+              else prior.fresh_seconds(rows.fresh, fresh["threshold_bytes"], fresh["s_per_byte"]))
+    target = rows.seconds if faults is None else torch.maximum(rows.seconds - faults, 0.1 * rows.seconds)
+    backward = rows.backward_mask()
+    names = np.array(rows.dtype)
+    law = {}
+    for b in (False, True):
+        for d in dtypes:
+            m = (has & (backward == b) & torch.from_numpy(names == d)).numpy()
+            if int(m.sum()) < MIN_GROUP_ROWS:
+                continue
+            t = target.numpy()[m]
+            w = np.sqrt(t / np.median(t))
+            coef = _nnls(rows.slow_conv.numpy()[m] / t[:, None] * w[:, None], w)
+            law[prior.depthwise_key(b, d)] = [float(c) for c in coef]
+    return law
+
+
 def _depthwise_apart(rows: KernelRows, fresh: dict | None) -> tuple[dict, KernelRows]:
     """``fit_depthwise``'s laws and the rows they do not price (the ones the curves are fitted to)."""
     law, on_law = fit_depthwise(rows, fresh)
@@ -603,7 +656,7 @@ def device_profile(hw: Hardware, fitted: dict, host_s=None, fixed_s=None) -> pri
          "launch_floor_s": fitted["device_floor_s"], "vector_fraction": fitted.get("vector_fraction", {}),
          "memory_fraction": fitted.get("memory_fraction", {}),
          "memory_half_size": fitted.get("memory_half_size", {}), "streaming": fitted.get("streaming", []),
-         "depthwise": fitted.get("depthwise", {})}
+         "depthwise": fitted.get("depthwise", {}), "slow_conv": fitted.get("slow_conv", {})}
     if fitted.get("conv_intensity"):
         d["conv_intensity"] = fitted["conv_intensity"]
     if fitted.get("channel_ramp"):
@@ -794,7 +847,7 @@ def take(rows: KernelRows, keep: torch.Tensor) -> KernelRows:
                       rows.tensor_core[keep], [rows.category[i] for i in pick], [rows.family[i] for i in pick],
                       rows.seconds[keep], part(rows.draw), part(rows.backward), part(rows.fresh),
                       part(rows.grouped), part(rows.depthwise), part(rows.conv_gemm), part(rows.bn_channels),
-                      part(rows.optimizer), part(rows.layout))
+                      part(rows.optimizer), part(rows.layout), part(rows.slow_conv))
 
 
 def fit(samples: list, node_seconds: dict, hw: Hardware, max_rows: int | None = None, **device_kw):
@@ -802,12 +855,15 @@ def fit(samples: list, node_seconds: dict, hw: Hardware, max_rows: int | None = 
     ``depthwise`` the law is fitted to every depthwise-like kernel (a few thousand) and the curves to at most
     ``max_rows`` of the others."""
     rows = kernel_rows(samples, node_seconds)
+    slow = fit_slow_conv(rows, tuple(device_kw.pop("slow_conv", ())), device_kw.get("fresh"))
     law, rows = _depthwise_apart(rows, device_kw.get("fresh")) if device_kw.pop("depthwise", False) else ({}, rows)
     if max_rows:
         rows = subsample(rows, max_rows)
     fitted = fit_device(rows, hw, **device_kw)
     if law:
         fitted["depthwise"] = law
+    if slow:
+        fitted["slow_conv"] = slow
     host, fixed, report = fit_host(samples, device_profile(hw, fitted))
     return fitted, device_profile(hw, fitted, host, fixed), report
 
@@ -826,31 +882,62 @@ def section_options(section: dict) -> dict:
             "layout_curves": any(prior.LAYOUT_MARK in k for k in section.get("gemm", {})),
             "bounded_layout_curves": any(prior.LAYOUT_MARK in k and v.get("size_max", 0) > 0
                                          for k, v in section.get("gemm", {}).items()),
-            "layout_levels": bool(section.get("layout_levels"))}
+            "layout_levels": bool(section.get("layout_levels")),
+            "slow_conv": tuple(sorted({k.split(":")[1] for k in section.get("slow_conv", {})}))}
 
 
 MAX_ROWS = 80_000
 """Kernel rows a device fit draws at most when it fits many times (its cost grows with rows)."""
 
 
+_LOFO_ARGS: tuple = ()
+"""What a forked ``leave_one_family_out`` worker reads (samples, node seconds, hardware, max rows, options):
+set in the parent before the pool forks, so nothing large is pickled."""
+
+
+def _left_out(family: str) -> tuple[np.ndarray, np.ndarray]:
+    """(predicted, measured) step ms of ``family``'s steps by a prior fitted to every other family."""
+    samples, node_seconds, hw, max_rows, device_kw = _LOFO_ARGS
+    train = [s for s in samples if s.family != family]
+    _, profile, _ = fit(train, node_seconds, hw, max_rows=max_rows, **device_kw)
+    return _step_ms([s for s in samples if s.family == family], profile)
+
+
+def _left_out_worker(family: str) -> tuple[np.ndarray, np.ndarray]:
+    torch.set_num_threads(1)
+    return _left_out(family)
+
+
 def leave_one_family_out(samples: list, node_seconds: dict, hw: Hardware, max_rows: int = MAX_ROWS,
-                         log=None, **device_kw) -> dict:
+                         log=None, jobs: int = 1, **device_kw) -> dict:
     """Each family's steps predicted by a prior fitted (kernels and host costs) to every other family:
     per family the ``step_errors`` summary, and over all steps (each predicted once, by the fit that never
-    saw its family) the same summary with the mean and worst family MAPE."""
+    saw its family) the same summary with the mean and worst family MAPE. With ``jobs`` > 1 the families
+    are left out in that many forked processes at once, one thread each (the fits do not depend on it)."""
+    global _LOFO_ARGS
     families = sorted({s.family for s in samples})
     per_family, pred, true, precision = {}, [], [], []
-    for f in families:
-        train = [s for s in samples if s.family != f]
-        test = [s for s in samples if s.family == f]
-        _, profile, _ = fit(train, node_seconds, hw, max_rows=max_rows, **device_kw)
-        p, t = _step_ms(test, profile)
-        per_family[f] = _summary(p, t)
-        pred += p.tolist()
-        true += t.tolist()
-        precision += [s.precision for s in test]
-        if log:
-            log(f"  {f:<20} {per_family[f]['mape']:5.1f}%  (n {per_family[f]['n']})")
+    _LOFO_ARGS = (samples, node_seconds, hw, max_rows, device_kw)
+    pool = None
+    try:
+        if jobs > 1:
+            import multiprocessing
+
+            pool = multiprocessing.get_context("fork").Pool(min(jobs, len(families)))
+            scored = zip(families, pool.imap(_left_out_worker, families))
+        else:
+            scored = ((f, _left_out(f)) for f in families)
+        for f, (p, t) in scored:
+            per_family[f] = _summary(p, t)
+            pred += p.tolist()
+            true += t.tolist()
+            precision += [s.precision for s in samples if s.family == f]
+            if log:
+                log(f"  {f:<20} {per_family[f]['mape']:5.1f}%  (n {per_family[f]['n']})")
+    finally:
+        _LOFO_ARGS = ()
+        if pool is not None:
+            pool.terminate()
     pred, true, precision = np.array(pred), np.array(true), np.array(precision)
     ape = np.abs(pred / true - 1) * 100
     mapes = [v["mape"] for v in per_family.values()]

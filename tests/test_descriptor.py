@@ -304,6 +304,32 @@ def test_the_ceiling_gap_is_the_largest_rate_ratio_a_transfer_crosses():
     assert descriptor.ceiling_gap(home, slow_bf16) == pytest.approx(math.log10(7))
 
 
+def test_a_slow_path_convolution_law_stays_on_the_kind_it_was_fitted_on():
+    """A SYNTHETIC slow-path convolution law (``prior.Profile.slow_conv``: a code path torch takes on the
+    source kind, bf16 convolutions one sample at a time) prices the source's node; moved to another kind,
+    by the ceilings or split, the law is dropped and the node is priced by the curves, as a profile without
+    it would be; moved to the same kind it stays."""
+    from dataclasses import replace
+
+    home, slow = synthetic_cpu(1.0, "synthetic-home-cpu"), synthetic_cpu(0.5)
+    law = {"forward:bf16": (1e-4, 1e-9, 0.0, 0.0, 1e-8, 0.0)}
+    plain = prior.Profile(home.hardware(), launch_floor_s=1e-9)
+    profile = replace(plain, slow_conv=law)
+    x, x_cat = nodes([2.0 * 8 * 64 * 56 * 56 * 9 * 64], [8 * 64 * 56 * 56 * 4 * 2.0], category="conv")
+    x_cat[:, 2] = ops.DTYPE_ID["bf16"]
+    x[:, 8:12] = torch.log2(1 + torch.tensor([8.0, 64, 56, 56]))  # a dense 3x3, 64 -> 64 channels
+    x[:, 4:8] = x[:, 8:12]
+    terms = prior.slow_conv_terms(x, x_cat)
+    at_home = prior.slow_conv_seconds(terms, torch.tensor([False]), ["bf16"], law)
+    torch.testing.assert_close(prior.node_seconds(x, x_cat, profile), at_home)
+    assert descriptor.transfer(profile, home, home).slow_conv == law
+    for mode in ("ceilings", "split"):
+        moved = descriptor.transfer(profile, home, slow, mode=mode)
+        assert not moved.slow_conv and (moved.moved_from is None or not moved.moved_from[0].slow_conv)
+        torch.testing.assert_close(prior.node_seconds(x, x_cat, moved),
+                                   prior.node_seconds(x, x_cat, descriptor.transfer(plain, home, slow, mode=mode)))
+
+
 def test_a_depthwise_law_moves_by_the_non_gemm_ratio_or_is_split_like_any_kernel():
     """A SYNTHETIC depthwise law (seconds, not a fraction of a peak) on a prior moved to a kind at half
     every rate: by the ceilings its times double (the non-GEMM ratio); split, the source prices the node by

@@ -245,6 +245,91 @@ def test_leave_one_family_out_scores_each_family_with_a_fit_that_never_saw_it():
     assert skewed["worst_family"] == "c" and skewed["worst_family_mape"] > 20
 
 
+def test_leave_one_family_out_in_forked_processes_scores_the_same():
+    """``jobs=2`` leaves the families out in two forked processes: the same per-family and overall figures
+    as one process (SYNTHETIC steps, as above)."""
+    truth = dataclasses.replace(prior.profile_from_dict(H200, {**TRUE, "memory": {"peak_fraction": 0.8}}),
+                                host_issue_s=(40e-6, 60e-6, 20e-6), host_fixed_s=(300e-6, 200e-6, 100e-6))
+    samples, seconds = [], {}
+    for family, scale in (("a", 1.0), ("b", 2.0), ("c", 0.5)):
+        for n, t in ((10, 1e-6), (200, 5e-6), (80, 100e-6)):
+            s = _sample(n, t * scale, family)
+            s.key = f"{family}-{n}"
+            s.y = torch.tensor([[math.log(v * (1.3 if family == "c" else 1.0)) for v in prior.phase_ms(s, truth)]],
+                               dtype=torch.float32)
+            seconds[s.key] = [prior.node_seconds(s.x, s.x_cat, truth)]
+            samples.append(s)
+    kw = {"by_category": False, "intensity": False, "steps": 300}
+    one = prior_fit.leave_one_family_out(samples, seconds, H200, **kw)
+    two = prior_fit.leave_one_family_out(samples, seconds, H200, jobs=2, **kw)
+    assert two["by_family"].keys() == one["by_family"].keys() == {"a", "b", "c"}
+    for f, summary in one["by_family"].items():
+        assert two["by_family"][f] == pytest.approx(summary)
+    assert two["all"] == pytest.approx(one["all"])
+    assert one["worst_family"] == "c" and prior_fit._LOFO_ARGS == ()
+
+
+def test_slow_path_convolutions_get_a_sum_of_costs_in_their_shape():
+    """SYNTHETIC bf16 convolutions whose time is a known sum of per-call, per-multiply-add, per weight element
+    per sample and per im2col element costs (as torch's one-sample-at-a-time ``slow_conv2d`` on a CPU without
+    a fast bf16 path): ``fit_slow_conv`` recovers the costs that carry the time, each direction its own, and
+    fits nothing for a dtype it is not asked for; ``prior.slow_conv_terms`` reads a traced convolution's
+    costs from its features alone, and a profile with the law prices it by them."""
+    g = torch.Generator().manual_seed(5)
+    n = 600
+    backward = torch.rand(n, generator=g) < 0.5
+    batch = torch.randint(1, 33, (n,), generator=g).double()
+    cin, cout = torch.randint(3, 513, (n,), generator=g).double(), torch.randint(8, 513, (n,), generator=g).double()
+    taps = torch.tensor([1.0, 9.0, 49.0])[torch.randint(0, 3, (n,), generator=g)]
+    positions = torch.randint(1, 65, (n,), generator=g).double() ** 2
+    depth = cin * taps
+    macs = batch * positions * cout * depth * torch.where(backward, 2.0, 1.0)
+    terms = torch.stack([torch.ones(n, dtype=torch.float64), macs, torch.zeros(n, dtype=torch.float64),
+                         torch.where(backward, batch * cout * depth, 0.0), batch * depth * positions,
+                         batch * (cout + cin) * positions], 1)
+    costs = {"forward:bf16": [50e-6, 0.6e-9, 0.0, 0.0, 5e-9, 0.0], "backward:bf16": [80e-6, 0.05e-9, 0.0, 40e-9, 2e-9, 0.0]}
+    truth = prior.slow_conv_seconds(terms, backward, ["bf16"] * n, costs)
+    seconds = truth * torch.exp(0.1 * torch.randn(n, generator=g, dtype=torch.float64))
+    rows = prior_fit.KernelRows(2 * macs, macs / 10, ["bf16"] * n, torch.ones(n, dtype=torch.bool),
+                                torch.zeros(n, dtype=torch.bool), ["conv"] * n, ["synthetic"] * n, seconds,
+                                None, backward, slow_conv=terms)
+    assert prior_fit.fit_slow_conv(rows, ()) == {} and prior_fit.fit_slow_conv(rows, ("fp32",)) == {}
+    law = prior_fit.fit_slow_conv(rows, ("bf16",))
+    assert set(law) == set(costs) and all(c >= 0 for v in law.values() for c in v)
+    for key, want in costs.items():
+        big = max(range(6), key=lambda i: want[i] * float(terms[:, i].mean()))  # the cost that carries the time
+        assert law[key][big] == pytest.approx(want[big], rel=0.1)
+        m = backward == key.startswith("backward")
+        priced = prior.slow_conv_seconds(terms[m], backward[m], ["bf16"] * int(m.sum()), law)
+        assert float(priced.sum() / seconds[m].sum()) == pytest.approx(1.0, abs=0.05)
+
+    from conftest import py_spec
+    from gnn_ptp import graph
+    from gnn_ptp.spec import Shape
+    from gnn_ptp.trace import StepConfig, trace_step
+
+    traced = trace_step(StepConfig(py_spec("conv2", c1=16, c2=32, groups=1), Shape(4, None, 48), "bf16"))
+    tensors, _ = graph.to_tensors(traced)
+    x, x_cat = tensors["x"], tensors["x_cat"]
+    conv = torch.nonzero(x_cat[:, 1] == ops.CATEGORIES.index("conv")).flatten()
+    read = prior.slow_conv_terms(x, x_cat)[conv]
+    assert x_cat[conv, 3].tolist() == [0, 0, 1, 1]  # forward 1, forward 2, backward 2, backward 1
+    second_fwd, second_bwd = read[1], read[2]  # 16 -> 32 channels, 3x3, 48 x 48, batch 4
+    macs = 4 * 48 * 48 * 32 * 16 * 9
+    assert second_fwd[1].item() == pytest.approx(macs, rel=0.02)
+    assert second_fwd[3].item() == 0.0 and second_fwd[4].item() == pytest.approx(4 * 16 * 9 * 48 * 48, rel=0.02)
+    assert second_bwd[1].item() == pytest.approx(2 * macs, rel=0.02)
+    assert second_bwd[3].item() == pytest.approx(4 * 32 * 16 * 9, rel=0.02)  # weight elements per sample
+    spill = math.log(16 * 9 * 48 * 48 * 2 / prior.SLOW_CONV_CACHE_BYTES)
+    assert second_fwd[2].item() == pytest.approx(macs * spill, rel=0.03)
+    assert read[3, 3].item() > 0  # the first convolution's backward (no input gradient) still has its weight's
+    none = prior.Profile(HARDWARE["cpu"], launch_floor_s=1e-9)
+    priced = prior.node_seconds(x, x_cat, replace(none, slow_conv={k: tuple(v) for k, v in law.items()}))[conv]
+    want = prior.slow_conv_seconds(read, x_cat[conv, 3] == prior.BACKWARD_PHASE, ["bf16"] * 4, law)
+    torch.testing.assert_close(priced, want)
+    assert not torch.allclose(prior.node_seconds(x, x_cat, none)[conv], want)
+
+
 def test_protocol_refits_a_gpu_prior_per_fold_on_the_training_families_only():
     """gnn_ptp/protocol.py's PriorRefit: every sample of the fold is re-priced by a prior fitted to the
     training and validation configurations; the test family's kernels and steps (SYNTHETIC, made 3x slower
@@ -310,14 +395,15 @@ def test_section_options_read_how_a_shipped_section_was_fitted():
     assert prior_fit.section_options({"gemm": {}}) == {"vector_by_category": False, "memory_by_category": False,
                                                        "channel_ramp": False, "conv_intensity": "tensor",
                                                        "gemm_layouts": False, "layout_curves": False,
-                                                       "bounded_layout_curves": False, "layout_levels": False}
+                                                       "bounded_layout_curves": False, "layout_levels": False,
+                                                       "slow_conv": ()}
     full = {"vector_fraction": {"norm": 0.5}, "memory_fraction": {"copy:fp32": 1.0}, "channel_ramp": {"x": [1, 1]},
             "conv_intensity": "gemm", "gemm_layouts": True, "gemm": {"matmul@tn:bf16": {"size_max": 1e9}},
-            "layout_levels": True}
+            "layout_levels": True, "slow_conv": {"forward:bf16": [0.0] * 6, "backward:bf16": [0.0] * 6}}
     assert prior_fit.section_options(full) == {"vector_by_category": True, "memory_by_category": True,
                                                "channel_ramp": True, "conv_intensity": "gemm", "gemm_layouts": True,
                                                "layout_curves": True, "bounded_layout_curves": True,
-                                               "layout_levels": True}
+                                               "layout_levels": True, "slow_conv": ("bf16",)}
     table = prior.calibration()
     assert prior_fit.section_options(table["cpu"])["vector_by_category"]  # per-category since the 19th session
     assert prior_fit.section_options(table["cpu-amd-epyc-family-26-model-2"])["memory_by_category"]
