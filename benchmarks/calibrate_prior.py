@@ -621,7 +621,8 @@ def main() -> None:
                          "one sample at a time, slow_conv2d): dense bf16 convolutions priced by a sum of costs in "
                          "their shape per direction (per multiply-add, per weight element per sample, per im2col "
                          "element: prior.Profile.slow_conv) instead of the FLOPs curves (declared on the fourth CPU "
-                         "kind in the twenty-sixth session; README *A fourth CPU kind*)")
+                         "kind in the twenty-sixth session, it passed: each family left out 24.5 -> 18.4 %% over its "
+                         "399 steps, so its section has it; README *A fourth CPU kind*)")
     ap.add_argument("--jobs", type=int, default=1,
                     help="with --lofo/--lofo-only: families left out in this many processes at once (each fit "
                          "on one thread; the scores do not depend on it)")
