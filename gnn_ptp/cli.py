@@ -617,7 +617,8 @@ def add_predict_parser(sub) -> None:
     p.add_argument("--checkpoint", help="checkpoint folder (overrides --hardware)")
     p.add_argument("--analytic", action="store_true",
                    help="answer from the calibrated physical prior even where a checkpoint is shipped "
-                        "(h100, h200, a100); README: Evaluation of the shipped H200 checkpoint")
+                        "(h100, h200, a100; README: Evaluation of the shipped H200 checkpoint), or with "
+                        "--hardware cpu from a CPU kind's prior (--cpu-kind; its own where fitted to its steps)")
     p.add_argument("--cpu-kind", help="with --hardware cpu and a checkpoint trained with hardware descriptors: "
                                       "the CPU to predict for, by its stored descriptor "
                                       "(gnn_ptp/hardware_descriptors/<name>.json), or 'this' for this machine's")

@@ -507,11 +507,11 @@ def predict_many(spec: str, precisions: list[str], batch_size: int, seq_len: int
         raise UserError("--epochs needs --dataset-size (samples per epoch)")
     if steps is not None and epochs is not None:
         raise UserError("give --steps or --epochs, not both")
-    ckpt_path, model, meta = _model_for(hardware, checkpoint, analytic)
+    ckpt_path, model, meta = _model_for(hardware, checkpoint, analytic, cpu_kind)
     analytic = meta.get("source") == "analytic-prior"
     hw_name = meta["hardware"]
     kind_note = None
-    if cpu_kind is not None:
+    if cpu_kind is not None and not analytic:
         model, kind_note = _for_cpu_kind(model, meta, ckpt_path, cpu_kind)
     profile = _interconnect(hw_name, dp) if gpus > 1 else None
     n_nodes = profile.nodes_for(gpus, nodes) if profile is not None else (nodes or 1)
@@ -522,18 +522,19 @@ def predict_many(spec: str, precisions: list[str], batch_size: int, seq_len: int
         profile.level(gpus, nodes)  # before any tracing: a GPU count the interconnect cannot hold
     trained = trained_precisions(meta)
     left_out_note = None
+    what = "prior was fitted to" if analytic else "checkpoint was trained on"
     if precisions == ["all"]:
         precisions = trained
         left_out = [p for p in PRECISION_NAMES if p not in trained]
         if left_out:
-            left_out_note = (f"--precision all shows the {len(trained)} classes the {hw_name} checkpoint was "
-                             f"trained on ({', '.join(trained)}); left out: {', '.join(left_out)}, which it "
+            left_out_note = (f"--precision all shows the {len(trained)} classes the {hw_name} {what} "
+                             f"({', '.join(trained)}); left out: {', '.join(left_out)}, which it "
                              "never saw (name one with --precision for an extrapolation)")
     untrained = {}
     for p in precisions:
         get_precision(p)
         if p not in trained:
-            untrained[p] = (f"the {hw_name} checkpoint never saw {p} in training (only {', '.join(trained)}): "
+            untrained[p] = (f"the {hw_name} {what.split()[0]} never saw {p} (only {', '.join(trained)}): "
                             "this prediction is an extrapolation" + (
                                 "; a CPU has no TF32 and trains in fp16 autocast rarely"
                                 if hw_name == "cpu" else ""))
@@ -664,12 +665,7 @@ def _for_cpu_kind(model, meta: dict, ckpt_path, cpu_kind: str):
                         "and knows only the CPU it was trained on; train one with [model] hardware_descriptor = "
                         "true or target = \"log_ratio_prior\" (gnn-ptp train --data FOLDER [FOLDER ...])")
     stored = descriptor.stored_cpus()
-    name = descriptor.slug(descriptor.cpu_model()) if cpu_kind == "this" else cpu_kind
-    if name not in stored:
-        hint = (" (this machine's: measure it with python -m gnn_ptp.descriptor --measure --write)"
-                if cpu_kind == "this" else "")
-        raise UserError(f"--cpu-kind {cpu_kind}: no stored descriptor {name!r}{hint}; known: "
-                        f"{', '.join(sorted(stored)) or 'none'}, or 'this'")
+    name = _stored_cpu_name(cpu_kind)
     chosen = copy.copy(model)  # the cached model keeps its own descriptor
     chosen.descriptor = stored[name]
     trained_on = model.descriptor.name if model.descriptor is not None else "?"
@@ -686,9 +682,61 @@ def _for_cpu_kind(model, meta: dict, ckpt_path, cpu_kind: str):
         if max(ratio, 1 / ratio) >= FAR_CEILINGS:
             note += (f"; its {rate} rate is {ratio:.2g}x the training CPU's: trained on one CPU kind and tested on "
                      "another this far from it, the residual GNN was 16-26 % off in the hardware protocol "
-                     "(14-19 % between the two nearer AMD kinds; README *Protocol*): a profiled harvest pass "
-                     "on this CPU does better")
+                     "(14-19 % between the two nearer AMD kinds), and 100 % onto a kind without a fast bf16 "
+                     "path (README *Protocol*): a profiled harvest pass on this CPU does better")
+    if stored[name].steps_fitted_on() == name and name != trained_on:
+        note += (f"; {name} has a prior fitted to its own profiled steps: --analytic answers from it "
+                 f"({_own_prior_error(stored[name])})")
     return chosen, note
+
+
+def _stored_cpu_name(cpu_kind: str) -> str:
+    """The stored descriptor name ``--cpu-kind`` names ("this": this machine's), or one clear error."""
+    from gnn_ptp import descriptor
+
+    stored = descriptor.stored_cpus()
+    name = descriptor.slug(descriptor.cpu_model()) if cpu_kind == "this" else cpu_kind
+    if name not in stored:
+        hint = (" (this machine's: measure it with python -m gnn_ptp.descriptor --measure --write)"
+                if cpu_kind == "this" else "")
+        raise UserError(f"--cpu-kind {cpu_kind}: no stored descriptor {name!r}{hint}; known: "
+                        f"{', '.join(sorted(stored)) or 'none'}, or 'this'")
+    return name
+
+
+def _own_prior_error(desc) -> str:
+    """The expected error of a CPU kind's own prior section, as its fit measured it (each family left out)."""
+    summary = (desc.profile().expected_error or {}).get("summary")
+    return f"expected error {summary}" if summary else "expected error unknown"
+
+
+CPU_ANALYTIC_PRECISIONS = ("fp32", "amp-bf16", "bf16")
+"""The precision classes a CPU prior's sections are fitted to (the CPU grids' classes)."""
+
+
+def _cpu_analytic(cpu_kind: str | None):
+    """(None, model, meta) answering ``--hardware cpu --analytic`` from a CPU kind's prior: ``cpu_kind``'s
+    stored descriptor (default: the reference CPU, the first AMD kind, whose section is ``cpu``), its own
+    section where one was fitted to its profiled steps (``calibrate_prior.py --profiles``), else the
+    reference CPU's moved by its measured ceilings (``descriptor.Descriptor.profile``). On a kind whose
+    steps are far from every checkpoint's training kind (the fourth kind: no fast bf16 path) its own prior
+    is the better answer: 18.4 % each family left out, against 72-100 % for the shipped checkpoint moved
+    there (README *A fourth CPU kind*)."""
+    from gnn_ptp import descriptor
+    from gnn_ptp.prior import AnalyticModel
+
+    name = _stored_cpu_name(cpu_kind) if cpu_kind else descriptor.calibrated_descriptor("cpu").name
+    desc = descriptor.stored_cpus().get(name) or descriptor.calibrated_descriptor("cpu")
+    profile = desc.profile()
+    if desc.steps_fitted_on() == name:
+        err = dict(profile.expected_error or {})
+    else:
+        err = {"summary": (f"unmeasured on {name}: the reference CPU's prior moved by its measured ceilings "
+                           "(a prior moved between CPU kinds was 12.7-24.4 % off between the three kinds with a "
+                           "fast bf16 path and 72.7 % onto one without, README *Protocol*)")}
+    meta = {"hardware": "cpu", "trace_target": "cpu", "source": "analytic-prior", "expected_error": err,
+            "requested": True, "precisions": list(CPU_ANALYTIC_PRECISIONS), "cpu_kind": name}
+    return None, AnalyticModel(profile), meta
 
 
 FAR_CEILINGS = 2.5
@@ -701,20 +749,23 @@ kinds (README *Protocol*); 16.5-25.6 % between them against the Intel kind's fiv
 fifteenth session)."""
 
 
-def _model_for(hardware: str, checkpoint: str | Path | None, analytic: bool = False):
+def _model_for(hardware: str, checkpoint: str | Path | None, analytic: bool = False,
+               cpu_kind: str | None = None):
     """(checkpoint path or None, model, meta): the given or shipped checkpoint; where no checkpoint exists
     for an H100-class GPU, or where ``analytic`` asks for it, the calibrated physical prior
-    (gnn_ptp/prior.py) stands in for the GNN."""
+    (gnn_ptp/prior.py) stands in for the GNN; on a CPU, ``cpu_kind``'s prior (``_cpu_analytic``)."""
     from gnn_ptp.prior import ANALYTIC_HARDWARE, analytic_model
 
     if analytic:
         if checkpoint:
             raise UserError("--analytic answers from the calibrated prior, without a checkpoint: give "
                             "--analytic or --checkpoint, not both")
+        if hardware == "cpu":
+            return _cpu_analytic(cpu_kind)
         found = analytic_model(hardware)
         if found is None:
             raise UserError(f"--analytic: no calibrated prior for --hardware {hardware}; it exists for "
-                            f"{', '.join(ANALYTIC_HARDWARE)}")
+                            f"{', '.join(ANALYTIC_HARDWARE)} and cpu")
         model, meta = found
         return None, model, {**meta, "requested": True}
     if checkpoint:
@@ -730,6 +781,8 @@ def _model_for(hardware: str, checkpoint: str | Path | None, analytic: bool = Fa
 
 
 def analytic_warning(hardware: str, meta: dict) -> str:
+    if meta.get("cpu_kind"):
+        hardware = f"{hardware} (kind {meta['cpu_kind']})"
     err = meta.get("expected_error") or {}
     how = f"expected error {err['summary']}" if err.get("summary") else "expected error unknown"
     prior_alone = ("the calibrated physical prior alone (per-kernel roofline with fitted efficiency curves and a "
@@ -879,6 +932,8 @@ def format_max_batch(spec: str, fits: list[BatchFit], notes: list[str], hardware
 def trained_precisions(meta: dict) -> list[str]:
     """The precision classes a checkpoint saw in training, read off the precision one-hot graph
     features of its training ranges (a CPU checkpoint: fp32, amp-bf16, bf16)."""
+    if meta.get("precisions"):  # a prior that says which classes it was fitted to (a CPU's)
+        return list(meta["precisions"])
     u_max = (meta.get("train_ranges") or {}).get("u_max")
     if not u_max:
         return list(PRECISION_NAMES)

@@ -291,8 +291,35 @@ def test_analytic_flag_answers_from_the_prior_where_a_checkpoint_is_shipped(caps
     assert plain["compute_ms"] != row["compute_ms"]
     with pytest.raises(UserError, match="not both"):
         predict_mod.predict_many(MLP, ["fp32"], 8, hardware="h200", checkpoint="checkpoints/h200", analytic=True)
-    with pytest.raises(UserError, match="no calibrated prior for --hardware cpu"):
-        predict_mod.predict_many(MLP, ["fp32"], 8, hardware="cpu", analytic=True)
+    with pytest.raises(UserError, match="no calibrated prior for --hardware tpu"):
+        predict_mod.predict_many(MLP, ["fp32"], 8, hardware="tpu", analytic=True)
+
+
+def test_predict_analytic_on_a_cpu_kind_answers_from_that_kind_s_own_prior():
+    """``--hardware cpu --analytic``: the reference CPU's prior (section ``cpu``) without ``--cpu-kind``, a
+    stored kind's own section with it (the fourth kind's, fitted to its own steps, with the slow-path
+    convolution law), each with its own expected
+    error; the classes shown are those the CPU priors are fitted to; an unknown kind is one clear error."""
+    from gnn_ptp import descriptor, prior
+
+    [ref] = predict_mod.predict_many(MLP, ["bf16"], 8, hardware="cpu", analytic=True)
+    [fourth] = predict_mod.predict_many(MLP, ["bf16"], 8, hardware="cpu", analytic=True,
+                                        cpu_kind="amd-epyc-family-25-model-1")
+    for p, kind, section in ((ref, "amd-epyc", "cpu"), (fourth, "amd-epyc-family-25-model-1",
+                                                        "cpu-amd-epyc-family-25-model-1")):
+        assert p.source == "analytic-prior" and p.checkpoint == ""
+        assert any("ANALYTIC ESTIMATE (--analytic)" in w and f"kind {kind}" in w for w in p.warnings)
+        assert p.expected_error["summary"] == prior.calibration()[section]["expected_error"]["summary"]
+    assert abs(fourth.compute_ms / ref.compute_ms - 1) > 0.05  # each kind's own prior, not one moved
+    want = prior.phase_ms(predict_mod._graphs([predict_mod.StepConfig(predict_mod.parse_spec(MLP, None, None),
+                                                                      predict_mod.Shape(8, None, None), "bf16",
+                                                                      "adamw", "cpu")], True)[0][0],
+                          descriptor.stored_cpus()["amd-epyc-family-25-model-1"].profile())[3]
+    assert fourth.compute_ms == pytest.approx(want, rel=1e-4)
+    every = predict_mod.predict_many(MLP, ["all"], 8, hardware="cpu", analytic=True)
+    assert [p.precision for p in every] == ["fp32", "amp-bf16", "bf16"]
+    with pytest.raises(UserError, match="--cpu-kind nope: no stored descriptor"):
+        predict_mod.predict_many(MLP, ["fp32"], 8, hardware="cpu", analytic=True, cpu_kind="nope")
 
 
 def test_expected_error_names_the_gpu_it_was_not_measured_on():
