@@ -256,6 +256,8 @@ def transfer(profile, source: "Descriptor", target: "Descriptor", mode: str | No
         return tuple(c * host for c in costs) if costs else costs
 
     fresh = target.fresh() if profile.fresh_threshold_bytes is not None else None
+    if source != target and profile.slow_conv:  # a code path of the source's torch on its CPU, not a rate
+        profile = replace(profile, slow_conv={})
     moved_from = profile.moved_from
     if (mode == "split" and source.kind == target.kind == "cpu" and source != target
             and not probes_shared(source, target)):
@@ -267,10 +269,6 @@ def transfer(profile, source: "Descriptor", target: "Descriptor", mode: str | No
     elif moved_from is not None:
         raise UserError(f"a prior moved by splitting its kernels' time cannot move on from {source.name!r} "
                         f"to {target.name!r} by the {'step probes' if mode == 'split' else mode}")
-    if source != target and profile.slow_conv:  # a code path of the source's torch on its CPU, not a rate
-        profile = replace(profile, slow_conv={})
-        if moved_from is not None and moved_from[0].slow_conv:
-            moved_from = (replace(moved_from[0], slow_conv={}), *moved_from[1:])
     depthwise = profile.depthwise
     if depthwise and moved_from is None:  # a law is in seconds, not a fraction of a peak: it moves by the rest's ratio
         depthwise = prior.scaled_depthwise(depthwise, 1.0 / math.sqrt(ratio["vector"] * ratio["memory"]))

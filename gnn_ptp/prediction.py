@@ -706,7 +706,9 @@ def _stored_cpu_name(cpu_kind: str) -> str:
 
 def _own_prior_error(desc) -> str:
     """The expected error of a CPU kind's own prior section, as its fit measured it (each family left out)."""
-    summary = (desc.profile().expected_error or {}).get("summary")
+    from gnn_ptp import prior
+
+    summary = prior.calibration().get(desc.curves_section(), {}).get("expected_error", {}).get("summary")
     return f"expected error {summary}" if summary else "expected error unknown"
 
 
@@ -725,8 +727,9 @@ def _cpu_analytic(cpu_kind: str | None):
     from gnn_ptp import descriptor
     from gnn_ptp.prior import AnalyticModel
 
-    name = _stored_cpu_name(cpu_kind) if cpu_kind else descriptor.calibrated_descriptor("cpu").name
-    desc = descriptor.stored_cpus().get(name) or descriptor.calibrated_descriptor("cpu")
+    desc = (descriptor.stored_cpus()[_stored_cpu_name(cpu_kind)] if cpu_kind
+            else descriptor.calibrated_descriptor("cpu"))
+    name = desc.name
     profile = desc.profile()
     if desc.steps_fitted_on() == name:
         err = dict(profile.expected_error or {})

@@ -626,20 +626,16 @@ def _kernel_seconds(x: torch.Tensor, x_cat: torch.Tensor, profile: Profile,
     if profile.channel_ramp:
         seconds = seconds * channel_ramp_factor(batch_norm_channels(x, x_cat), x_cat[:, 3] == BACKWARD_PHASE,
                                                 profile.channel_ramp)
-    if profile.depthwise:
-        shapes = depthwise_shapes(x, x_cat)
-        has = ~torch.isnan(shapes[:, 0])
+    for law, features, law_seconds in ((profile.depthwise, depthwise_shapes, depthwise_law_seconds),
+                                       (profile.slow_conv, slow_conv_terms, slow_conv_seconds)):
+        if not law:
+            continue
+        feats = features(x, x_cat)
+        has = ~torch.isnan(feats[:, 0])
         if bool(has.any()):  # the dtype names of those nodes only: this runs on every priced graph
-            law = depthwise_law_seconds(shapes[has], x_cat[has, 3] == BACKWARD_PHASE,
-                                        [ops.DTYPES[d] for d in dtype[has].tolist()], profile.depthwise)
-            seconds[has] = torch.where(torch.isnan(law), seconds[has], law)
-    if profile.slow_conv:
-        terms = slow_conv_terms(x, x_cat)
-        has = ~torch.isnan(terms[:, 0])
-        if bool(has.any()):
-            law = slow_conv_seconds(terms[has], x_cat[has, 3] == BACKWARD_PHASE,
-                                    [ops.DTYPES[d] for d in dtype[has].tolist()], profile.slow_conv)
-            seconds[has] = torch.where(torch.isnan(law), seconds[has], law)
+            by_law = law_seconds(feats[has], x_cat[has, 3] == BACKWARD_PHASE,
+                                 [ops.DTYPES[d] for d in dtype[has].tolist()], law)
+            seconds[has] = torch.where(torch.isnan(by_law), seconds[has], by_law)
     return seconds, ideal_s
 
 
@@ -695,16 +691,20 @@ def slow_conv_seconds(terms: torch.Tensor, backward: torch.Tensor, dtypes: list[
     """Per node (float64 [N]) its time by a slow-path convolution law (``Profile.slow_conv``) from its
     costs (``slow_conv_terms``), NaN where it has none or its (direction, dtype) no law."""
     out = torch.full((terms.shape[0],), float("nan"), dtype=torch.float64)
-    if not law:
-        return out
-    has = ~torch.isnan(terms[:, 0])
+    for rows, c in _law_rows(law, ~torch.isnan(terms[:, 0]), backward, dtypes):
+        out[rows] = terms[rows] @ torch.tensor(c, dtype=torch.float64)
+    return out
+
+
+def _law_rows(law: dict[str, tuple[float, ...]], has: torch.Tensor, backward: torch.Tensor, dtypes: list[str]):
+    """(rows, coefficients) per "direction:dtype" key of ``law`` (``depthwise_key``) with any node of ``has``
+    in that direction and dtype."""
     names = np.array(dtypes)
     for key, c in law.items():
         direction, dtype = key.split(":")
         rows = has & (backward == (direction == "backward")) & torch.from_numpy(names == dtype)
         if bool(rows.any()):
-            out[rows] = terms[rows] @ torch.tensor(c, dtype=torch.float64)
-    return out
+            yield rows, c
 
 
 def depthwise_key(backward: bool, dtype: str) -> str:
@@ -716,18 +716,9 @@ def depthwise_law_seconds(shapes: torch.Tensor, backward: torch.Tensor, dtypes: 
     """Per node (float64 [N]) its time by a depthwise law (``Profile.depthwise``) from its shape
     (``depthwise_shapes``), NaN where it has no shape or its (direction, dtype) no law."""
     out = torch.full((shapes.shape[0],), float("nan"), dtype=torch.float64)
-    if not law:
-        return out
-    has = ~torch.isnan(shapes[:, 0])
-    if not bool(has.any()):
-        return out
     logs = torch.log(shapes.clamp_min(1.0))
-    names = np.array(dtypes)
-    for key, c in law.items():
-        direction, dtype = key.split(":")
-        rows = has & (backward == (direction == "backward")) & torch.from_numpy(names == dtype)
-        if bool(rows.any()):
-            out[rows] = torch.exp(c[0] + logs[rows] @ torch.tensor(c[1:], dtype=torch.float64))
+    for rows, c in _law_rows(law, ~torch.isnan(shapes[:, 0]), backward, dtypes):
+        out[rows] = torch.exp(c[0] + logs[rows] @ torch.tensor(c[1:], dtype=torch.float64))
     return out
 
 

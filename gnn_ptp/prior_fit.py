@@ -457,7 +457,7 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
     convolutions of those dtypes get a law in their shape (``fit_slow_conv``, ``prior.Profile.slow_conv``),
     fitted to every such row; the curves are fitted as without it (the law overrides them where it
     applies, and a prior moved to another kind drops it: ``descriptor.transfer``)."""
-    slow = fit_slow_conv(rows, tuple(slow_conv), fresh if fresh and fresh.get("s_per_byte") is not None else None)
+    slow = fit_slow_conv(rows, tuple(slow_conv), fresh)
     fit_fresh = bool(fresh) and fresh.get("s_per_byte") is None
     law, rows = _depthwise_apart(rows, None if fit_fresh else fresh) if depthwise else ({}, rows)
     if streaming is None:
