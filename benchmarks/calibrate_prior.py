@@ -491,10 +491,11 @@ def cpu_section_name(cpu_model: str, table: dict) -> str:
     """Where a CPU's profile fit goes: ``cpu`` for the reference CPU (the one the ``cpu`` section names,
     whose curves every other CPU kind's descriptor scales), ``cpu-<kind>`` for another kind's own curves
     (``Descriptor.curves_section`` prefers them for that kind)."""
-    from gnn_ptp.descriptor import slug
+    from gnn_ptp.descriptor import stored_name
 
     reference = table.get("cpu", {}).get("cpu_model")
-    return "cpu" if not reference or slug(reference) == slug(cpu_model) else f"cpu-{slug(cpu_model)}"
+    name = stored_name(cpu_model)
+    return "cpu" if not reference or stored_name(reference) == name else f"cpu-{name}"
 
 
 def print_lofo(errors: dict) -> None:

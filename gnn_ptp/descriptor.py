@@ -153,7 +153,7 @@ class Descriptor:
         d = prior.calibration().get(section or self.curves_section(), {})
         if not d.get("host_issue_s"):
             return None
-        return slug(d["cpu_model"]) if d.get("cpu_model") else d.get("fitted_on") or None
+        return stored_name(d["cpu_model"]) if d.get("cpu_model") else d.get("fitted_on") or None
 
     def fresh(self) -> dict | None:
         """``fresh_alloc`` as a prior fit takes it (``{"threshold_bytes", "s_per_byte"}``), or None where
@@ -376,13 +376,29 @@ def calibrated_descriptor(curves: str) -> Descriptor:
     model = prior.calibration().get(curves, {}).get("cpu_model")
     if not curves.startswith("cpu") and not model:
         return GPU_DESCRIPTORS.get(curves, GPU_DESCRIPTORS["h100"])
-    found = stored_cpus().get(slug(model)) if model else None
+    found = stored_cpus().get(stored_name(model)) if model else None
     return found or reference_cpu()
 
 
 def slug(cpu_model: str) -> str:
     """A file name for a CPU model: 'AMD EPYC 7B13' -> 'amd-epyc-7b13'."""
     return re.sub(r"[^a-z0-9]+", "-", cpu_model.lower()).strip("-") or "unknown-cpu"
+
+
+SAME_KIND = {"amd-epyc-family-25-model-17": "amd-epyc"}
+"""CPU kinds, as records name them now (model name, family and model numbers), that a descriptor stored
+under an earlier, shorter name already describes. The first kind's records (2026-11-21 to 23) say "AMD EPYC"
+alone; on 2026-11-28 a VM reporting AMD EPYC family 25 model 17 ran the whole CPU grid at 0.998x the step
+times of that kind's third harvest pass (0.99-1.01x in each precision class, 6.8 % apart per configuration
+where two of its own passes are 5.2 %), with ceilings 1.02-1.19x its stored ones (README, *The first kind
+identified*)."""
+
+
+def stored_name(cpu: str) -> str:
+    """The stored descriptor name of a CPU, given as records name it ("AMD EPYC (family 25 model 17)") or
+    as a slug: its slug, or the earlier name of the same kind (``SAME_KIND``)."""
+    name = slug(cpu)
+    return SAME_KIND.get(name, name)
 
 
 def stored_cpus(folder: Path | None = None) -> dict[str, Descriptor]:
@@ -414,9 +430,9 @@ def for_env(env: dict, folder: Path | None = None) -> Descriptor:
         model = env.get("cpu_kind") or env.get("cpu_model")
         if not model:
             return reference_cpu()
-        found = stored_cpus(folder).get(slug(model))
+        found = stored_cpus(folder).get(stored_name(model))
         if found is None:
-            raise UserError(f"no hardware descriptor for CPU {model!r} (looked for {folder}/{slug(model)}.json); "
+            raise UserError(f"no hardware descriptor for CPU {model!r} (looked for {folder}/{stored_name(model)}.json); "
                             "measure it on that machine: python -m gnn_ptp.descriptor --measure --write")
         return found
     if hardware in GPU_DESCRIPTORS:  # records.hardware_label already named the GPU kind
@@ -577,8 +593,8 @@ def with_gemm_layouts(stored: Descriptor, threads: int = 1, runs: int = 1, log=N
     the median of each rate), everything else kept as it was measured."""
     from dataclasses import replace
 
-    if stored.kind != "cpu" or stored.name != slug(cpu_model()):
-        raise UserError(f"hardware descriptor {stored.name!r} is not this CPU's ({slug(cpu_model())}): "
+    if stored.kind != "cpu" or stored.name != stored_name(cpu_model()):
+        raise UserError(f"hardware descriptor {stored.name!r} is not this CPU's ({stored_name(cpu_model())}): "
                         "its GEMM layouts are measured on the CPU it describes")
     return replace(stored, gemm_layout_flops_per_s=median_layouts(
         [measure_gemm_layouts(threads, log=log) for _ in range(runs)]))
@@ -599,8 +615,8 @@ def with_fresh_alloc(stored: Descriptor, threads: int = 1, log=None) -> Descript
     kept as it was measured."""
     from dataclasses import replace
 
-    if stored.kind != "cpu" or stored.name != slug(cpu_model()):
-        raise UserError(f"hardware descriptor {stored.name!r} is not this CPU's ({slug(cpu_model())}): "
+    if stored.kind != "cpu" or stored.name != stored_name(cpu_model()):
+        raise UserError(f"hardware descriptor {stored.name!r} is not this CPU's ({stored_name(cpu_model())}): "
                         "its fresh-allocation cost is measured on the CPU it describes")
     return replace(stored, fresh_alloc=measure_fresh_alloc(threads, log))
 
@@ -685,7 +701,7 @@ def measure_cpu(threads: int = 1, sizes=(512, 1024, 2048), log=None, probes: boo
     step_probes = measure_step_probes(threads, log) if probes else {}
     fresh = measure_fresh_alloc(threads, log)
     layouts = measure_gemm_layouts(threads, layout_sizes, log=log)
-    return Descriptor(slug(model), "cpu", gemm, vector, bandwidth, floor, f"{model}, {threads} thread(s)",
+    return Descriptor(stored_name(model), "cpu", gemm, vector, bandwidth, floor, f"{model}, {threads} thread(s)",
                       f"measured by gnn_ptp.descriptor.measure_cpu, {threads} thread(s), torch "
                       f"{torch.__version__}, {now_utc()}", measured=True, curves="cpu",
                       extra={"cpu_model": model, "threads": threads}, step_probe_s=step_probes,
@@ -733,20 +749,25 @@ def median_of(runs: list[Descriptor]) -> Descriptor:
                    extra={**first.extra, "runs": each})
 
 
-def with_step_probes(stored: Descriptor, threads: int = 1, log=None) -> Descriptor:
-    """``stored`` (this CPU's descriptor) with step-sized probes measured now, its ceilings kept as they
-    were measured (so results computed from them stay reproducible); the source says when each was."""
+def with_step_probes(stored: Descriptor, threads: int = 1, log=None, runs: int = 1) -> Descriptor:
+    """``stored`` (this CPU's descriptor) with step-sized probes measured now (``runs`` times: each probe's
+    median, as ``median_of`` takes them), its ceilings kept as they were measured (so results computed from
+    them stay reproducible); the source says when each was."""
+    import statistics
     from dataclasses import replace
 
     from gnn_ptp.records import now_utc
 
-    if stored.kind != "cpu" or stored.name != slug(cpu_model()):
-        raise UserError(f"hardware descriptor {stored.name!r} is not this CPU's ({slug(cpu_model())}): "
+    if stored.kind != "cpu" or stored.name != stored_name(cpu_model()):
+        raise UserError(f"hardware descriptor {stored.name!r} is not this CPU's ({stored_name(cpu_model())}): "
                         "step probes are measured on the CPU they describe")
-    probes = measure_step_probes(threads, log)
+    each = [measure_step_probes(threads, log) for _ in range(runs)]
+    probes = {group: {probe: statistics.median(run[group][probe] for run in each) for probe in each[0][group]}
+              for group in each[0]}
     source = stored.source.split("; step probes")[0]
+    times = f"the median of {runs} runs, " if runs > 1 else ""
     return replace(stored, step_probe_s=probes, probe_suite=PROBE_SUITE,
-                   source=f"{source}; step probes ({PROBE_SUITE}) measured {threads} thread(s), torch "
+                   source=f"{source}; step probes ({PROBE_SUITE}) measured {times}{threads} thread(s), torch "
                           f"{torch.__version__}, {now_utc()}")
 
 
@@ -868,9 +889,9 @@ def main(argv=None) -> int:
         print("python -m gnn_ptp.descriptor: error: --write needs --measure, --probes, --fresh, --layouts or "
               "--fresh-from-gloo", file=sys.stderr)
         return 2
-    if args.runs < 1 or (args.runs > 1 and not (args.measure or args.layouts)):
+    if args.runs < 1 or (args.runs > 1 and not (args.measure or args.layouts or args.probes)):
         print(f"python -m gnn_ptp.descriptor: error: --runs {args.runs}: a whole number >= 1, and more than 1 "
-              "only with --measure or --layouts", file=sys.stderr)
+              "only with --measure, --probes or --layouts", file=sys.stderr)
         return 2
     if args.fresh_from_gloo and (args.measure or args.probes or args.fresh or args.layouts):
         print("python -m gnn_ptp.descriptor: error: --fresh-from-gloo takes a stored kind's figure and measures "
@@ -890,7 +911,7 @@ def main(argv=None) -> int:
             return 2
         return show(d)
     if args.probes or args.fresh or args.layouts:
-        name = slug(cpu_model())
+        name = stored_name(cpu_model())
         stored = stored_cpus().get(name)
         flag = "--probes" if args.probes else "--fresh" if args.fresh else "--layouts"
         if stored is None:
@@ -898,10 +919,17 @@ def main(argv=None) -> int:
                   f"in {DESCRIPTOR_DIR}/; measure it whole: --measure --write", file=sys.stderr)
             return 2
         log = lambda m: print(m, file=sys.stderr)  # noqa: E731
-        d = with_step_probes(stored, args.threads, log=log) if args.probes else stored
+        d = with_step_probes(stored, args.threads, log=log, runs=args.runs) if args.probes else stored
         d = with_fresh_alloc(d, args.threads, log=log) if args.fresh else d
         d = with_gemm_layouts(d, args.threads, args.runs, log=log) if args.layouts else d
         return show(d)
+    if args.measure and args.write and slug(cpu_model()) in SAME_KIND:
+        name = stored_name(cpu_model())
+        print(f"python -m gnn_ptp.descriptor: error: --measure --write: this CPU ({cpu_model()}) is stored as "
+              f"{name!r}, measured under its earlier name; the shipped prior and checkpoint were fitted with "
+              "those ceilings, so they are not replaced: add what it lacks with --probes, --fresh or --layouts "
+              "(or --measure without --write to compare)", file=sys.stderr)
+        return 2
     if args.measure:
         runs = []
         for i in range(args.runs):

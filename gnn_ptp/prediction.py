@@ -695,7 +695,8 @@ def _stored_cpu_name(cpu_kind: str) -> str:
     from gnn_ptp import descriptor
 
     stored = descriptor.stored_cpus()
-    name = descriptor.slug(descriptor.cpu_model()) if cpu_kind == "this" else cpu_kind
+    name = descriptor.stored_name(descriptor.cpu_model()) if cpu_kind == "this" else descriptor.SAME_KIND.get(
+        cpu_kind, cpu_kind)
     if name not in stored:
         hint = (" (this machine's: measure it with python -m gnn_ptp.descriptor --measure --write)"
                 if cpu_kind == "this" else "")

@@ -64,6 +64,8 @@ def test_this_cpu_s_descriptor_is_measured_and_stored_by_cpu_model():
     ({"hardware": "cpu", "cpu_model": "AMD EPYC"}, "amd-epyc"),  # older records: the model name alone
     ({"hardware": "cpu", "cpu_model": "AMD EPYC", "cpu_kind": "AMD EPYC (family 26 model 2)"},
      "amd-epyc-family-26-model-2"),  # the kind, where recorded, tells generations of one name apart
+    ({"hardware": "cpu", "cpu_model": "AMD EPYC", "cpu_kind": "AMD EPYC (family 25 model 17)"},
+     "amd-epyc"),  # the first kind's machine type, identified later: its records take its earlier descriptor
     ({"hardware": "h100", "device_name": "NVIDIA H100 80GB HBM3"}, "h100"),
     ({"hardware": "h200", "device_name": "NVIDIA H200"}, "h200"),
     ({"hardware": "a100", "device_name": "NVIDIA A100-SXM4-80GB"}, "a100"),
@@ -187,7 +189,7 @@ def test_descriptors_are_read_from_a_folder_keyed_by_cpu_model(tmp_path, monkeyp
 
 def test_measure_cpu_returns_positive_ceilings_named_by_this_cpu(monkeypatch):
     d = descriptor.measure_cpu(threads=1, sizes=(64, 128), layout_sizes=(64,))
-    assert d.kind == "cpu" and d.measured and d.name == descriptor.slug(descriptor.cpu_model())
+    assert d.kind == "cpu" and d.measured and d.name == descriptor.stored_name(descriptor.cpu_model())
     assert set(d.gemm_layout_flops_per_s) == {"fp32", "bf16", "fp16"}
     assert all(set(r) == {"nn", "nt", "tn", "tt"} and min(r.values()) > 0 for r in d.gemm_layout_flops_per_s.values())
     assert all(v > 0 for v in d.gemm_flops_per_s.values())
@@ -248,8 +250,8 @@ def test_records_name_the_cpu_kind_and_cpu_kinds_get_their_own_folders(tmp_path)
     assert env["cpu_kind"] == kind
     if kind is not None:
         assert kind.startswith(env["cpu_model"]) and "family" in kind
-        if descriptor.slug(kind) in descriptor.stored_cpus():  # measured here: found by kind, not by name
-            assert descriptor.for_env(env).name == descriptor.slug(kind)
+        if descriptor.stored_name(kind) in descriptor.stored_cpus():  # measured here: found by kind, not by name
+            assert descriptor.for_env(env).name == descriptor.stored_name(kind)
     with pytest.raises(UserError, match="folder named 'cpu'.*cpu-<kind>"):
         collect(CollectConfig(grid="training/grids/cpu.toml", out=tmp_path / "gpu-things", device="cpu", limit=1))
 
@@ -276,6 +278,31 @@ def test_a_cpu_profile_fit_writes_the_reference_section_or_the_kind_s_own():
     assert module.cpu_section_name("AMD EPYC", table) == "cpu"
     assert module.cpu_section_name("AMD EPYC (family 26 model 2)", table) == "cpu-amd-epyc-family-26-model-2"
     assert module.cpu_section_name("Intel Xeon", {}) == "cpu"  # the first CPU fitted becomes the reference
+    # the reference kind's machine type under the name its records give now: still the reference section
+    assert module.cpu_section_name("AMD EPYC (family 25 model 17)", table) == "cpu"
+
+
+def test_a_kind_identified_later_takes_its_earlier_descriptor_and_keeps_its_measured_ceilings(monkeypatch, capsys):
+    """``SAME_KIND``: the first kind's records say "AMD EPYC"; its machine type, identified later by its
+    family and model numbers, maps to that descriptor everywhere a CPU is named (``--cpu-kind`` by slug or
+    "this"), and ``--measure --write`` there refuses (one line, exit 2) rather than replace the ceilings the
+    shipped prior and checkpoint were fitted with; other kinds keep their own slugs."""
+    from gnn_ptp import prediction
+
+    assert descriptor.stored_name("AMD EPYC (family 25 model 17)") == "amd-epyc"
+    assert descriptor.stored_name("amd-epyc-family-25-model-17") == "amd-epyc"
+    assert descriptor.stored_name("AMD EPYC (family 25 model 1)") == "amd-epyc-family-25-model-1"
+    assert set(descriptor.SAME_KIND.values()) <= set(descriptor.stored_cpus())
+    assert not set(descriptor.SAME_KIND) & set(descriptor.stored_cpus())  # no second file shadows the first
+    assert prediction._stored_cpu_name("amd-epyc-family-25-model-17") == "amd-epyc"
+    monkeypatch.setattr(descriptor, "cpu_model", lambda: "AMD EPYC (family 25 model 17)")
+    assert prediction._stored_cpu_name("this") == "amd-epyc"
+    measured = []
+    monkeypatch.setattr(descriptor, "measure_cpu", lambda *a, **k: measured.append(1))
+    assert descriptor.main(["--measure", "--write"]) == 2
+    err = capsys.readouterr().err
+    assert not measured and len(err.strip().splitlines()) == 1
+    assert "stored as 'amd-epyc'" in err and "--probes, --fresh or --layouts" in err
 
 
 def test_two_calibration_runs_side_by_side_keep_each_other_s_section(tmp_path):
@@ -395,7 +422,7 @@ def test_step_probes_are_measured_per_group_and_added_to_this_cpu_s_descriptor_k
     assert probes["gemm fp32"].keys() == probes["gemm bf16"].keys() and len(probes["gemm fp32"]) >= 10
     assert all(0 < s < 1 for group in probes.values() for s in group.values())
 
-    here = descriptor.slug(descriptor.cpu_model())
+    here = descriptor.stored_name(descriptor.cpu_model())
     stored = Descriptor(here, "cpu", {d: 1e11 for d in descriptor.GEMM_DTYPES}, 1e10, 2e10, 2e-6,
                         source="SYNTHETIC ceilings, measured 2026-01-01")
     monkeypatch.setattr(descriptor, "measure_step_probes", lambda threads=1, log=None: probes)
@@ -403,6 +430,18 @@ def test_step_probes_are_measured_per_group_and_added_to_this_cpu_s_descriptor_k
     assert added.gemm_flops_per_s == stored.gemm_flops_per_s and added.step_probe_s == probes
     assert added.probe_suite == descriptor.PROBE_SUITE
     assert added.source.startswith("SYNTHETIC ceilings, measured 2026-01-01; step probes (")
+    # --runs N: each probe's median over N measurements (SYNTHETIC: the runs scale every probe by 1, 3, 2)
+    scales = iter((1.0, 3.0, 2.0))
+
+    def scaled_probes(threads=1, log=None):
+        k = next(scales)
+        return {g: {name: t * k for name, t in group.items()} for g, group in probes.items()}
+
+    monkeypatch.setattr(descriptor, "measure_step_probes", scaled_probes)
+    median = descriptor.with_step_probes(stored, runs=3)
+    assert median.step_probe_s == {g: {name: t * 2.0 for name, t in group.items()} for g, group in probes.items()}
+    assert "the median of 3 runs" in median.source
+    monkeypatch.setattr(descriptor, "measure_step_probes", lambda threads=1, log=None: probes)
     with pytest.raises(UserError, match="not this CPU's"):
         descriptor.with_step_probes(synthetic_cpu(1.0))
 
@@ -482,7 +521,7 @@ def test_the_fresh_allocation_cost_is_measured_in_one_process_and_added_to_this_
                                                              else 0.0})["extra"])
     got = descriptor.measure_fresh_alloc()
     assert 32 * MiB <= got["threshold_bytes"] <= 40 * MiB and got["ms_per_MiB"] == pytest.approx(0.3)
-    here = descriptor.slug(descriptor.cpu_model())
+    here = descriptor.stored_name(descriptor.cpu_model())
     stored = Descriptor(here, "cpu", {d: 1e11 for d in descriptor.GEMM_DTYPES}, 1e10, 2e10, 2e-6,
                         source="SYNTHETIC ceilings")
     added = descriptor.with_fresh_alloc(stored)
@@ -636,5 +675,5 @@ def test_gemm_layout_rates_become_ratios_over_nn_that_a_transfer_carries_to_the_
     monkeypatch.setattr(descriptor, "stored_cpus", lambda folder=None: {})
     assert descriptor.main(["--layouts"]) == 2
     assert "--layouts: no stored descriptor" in capsys.readouterr().err
-    assert descriptor.main(["--runs", "3", "--probes"]) == 2
-    assert "only with --measure or --layouts" in capsys.readouterr().err
+    assert descriptor.main(["--runs", "3", "--fresh"]) == 2
+    assert "only with --measure, --probes or --layouts" in capsys.readouterr().err
