@@ -547,6 +547,19 @@ def test_cpu_kind_predicts_for_another_cpu_from_its_descriptor(tmp_path, monkeyp
     assert cli.main(["predict", SPEC, "--batch-size", "8", "--checkpoint", str(ckpt), "--cpu-kind", "amd-epyc"]) == 2
 
 
+def test_cpu_kind_naming_the_shipped_checkpoint_s_own_kind_answers_as_without_it():
+    """``--cpu-kind`` naming the kind the shipped CPU checkpoint was trained on (the first kind, by its stored
+    name or by the name its machine type gives now, ``descriptor.SAME_KIND``) is the plain answer, and says
+    so rather than that it was moved."""
+    args = dict(batch_size=8, hardware="cpu", precision="fp32")
+    plain = predict(SPEC, **args)
+    for kind in ("amd-epyc", "amd-epyc-family-25-model-17"):
+        own = predict(SPEC, cpu_kind=kind, **args)
+        assert own.iteration_ms == plain.iteration_ms
+        assert any("CPU kind amd-epyc: the kind the checkpoint was trained on" in w for w in own.warnings)
+        assert not any("moved" in w for w in own.warnings)
+
+
 def test_the_analytic_batch_prices_as_the_torch_geometric_batch_and_imports_no_torch_geometric():
     """An analytic prediction reads per-node tensors alone: its plain batch (``prediction._batch``) gives
     the analytic model the same phase and node times as a ``torch_geometric`` ``Batch`` of the same graphs,
