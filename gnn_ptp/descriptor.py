@@ -401,6 +401,13 @@ def stored_name(cpu: str) -> str:
     return SAME_KIND.get(name, name)
 
 
+def _check_this_cpu(stored: "Descriptor", why: str) -> None:
+    """One clear error unless ``stored`` is this CPU's descriptor (what is measured here amends it)."""
+    here = stored_name(cpu_model())
+    if stored.kind != "cpu" or stored.name != here:
+        raise UserError(f"hardware descriptor {stored.name!r} is not this CPU's ({here}): {why}")
+
+
 def stored_cpus(folder: Path | None = None) -> dict[str, Descriptor]:
     """The measured CPU descriptors in ``folder`` (default ``DESCRIPTOR_DIR``), by CPU-model slug."""
     return dict(_stored_cpus(str(folder or DESCRIPTOR_DIR)))
@@ -593,9 +600,7 @@ def with_gemm_layouts(stored: Descriptor, threads: int = 1, runs: int = 1, log=N
     the median of each rate), everything else kept as it was measured."""
     from dataclasses import replace
 
-    if stored.kind != "cpu" or stored.name != stored_name(cpu_model()):
-        raise UserError(f"hardware descriptor {stored.name!r} is not this CPU's ({stored_name(cpu_model())}): "
-                        "its GEMM layouts are measured on the CPU it describes")
+    _check_this_cpu(stored, "its GEMM layouts are measured on the CPU it describes")
     return replace(stored, gemm_layout_flops_per_s=median_layouts(
         [measure_gemm_layouts(threads, log=log) for _ in range(runs)]))
 
@@ -615,9 +620,7 @@ def with_fresh_alloc(stored: Descriptor, threads: int = 1, log=None) -> Descript
     kept as it was measured."""
     from dataclasses import replace
 
-    if stored.kind != "cpu" or stored.name != stored_name(cpu_model()):
-        raise UserError(f"hardware descriptor {stored.name!r} is not this CPU's ({stored_name(cpu_model())}): "
-                        "its fresh-allocation cost is measured on the CPU it describes")
+    _check_this_cpu(stored, "its fresh-allocation cost is measured on the CPU it describes")
     return replace(stored, fresh_alloc=measure_fresh_alloc(threads, log))
 
 
@@ -758,9 +761,7 @@ def with_step_probes(stored: Descriptor, threads: int = 1, log=None, runs: int =
 
     from gnn_ptp.records import now_utc
 
-    if stored.kind != "cpu" or stored.name != stored_name(cpu_model()):
-        raise UserError(f"hardware descriptor {stored.name!r} is not this CPU's ({stored_name(cpu_model())}): "
-                        "step probes are measured on the CPU they describe")
+    _check_this_cpu(stored, "step probes are measured on the CPU they describe")
     each = [measure_step_probes(threads, log) for _ in range(runs)]
     probes = {group: {probe: statistics.median(run[group][probe] for run in each) for probe in each[0][group]}
               for group in each[0]}

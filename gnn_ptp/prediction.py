@@ -666,11 +666,11 @@ def _for_cpu_kind(model, meta: dict, ckpt_path, cpu_kind: str):
                         "true or target = \"log_ratio_prior\" (gnn-ptp train --data FOLDER [FOLDER ...])")
     stored = descriptor.stored_cpus()
     name = _stored_cpu_name(cpu_kind)
-    chosen = copy.copy(model)  # the cached model keeps its own descriptor
-    chosen.descriptor = stored[name]
     trained_on = model.descriptor.name if model.descriptor is not None else "?"
     if name == trained_on:
         return model, f"CPU kind {name}: the kind the checkpoint was trained on (the answer without --cpu-kind)"
+    chosen = copy.copy(model)  # the cached model keeps its own descriptor
+    chosen.descriptor = stored[name]
     note = f"predicted for CPU kind {name} from its measured ceilings (the checkpoint was trained on {trained_on})"
     if cfg.target == "log_ratio_prior":
         # the residual was learned over the training kind's prior: price over that prior moved, not the
