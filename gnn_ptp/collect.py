@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from gnn_ptp import host_probe, records
+from gnn_ptp import host_probe, optimizer_state, records
 from gnn_ptp.collect_config import CollectConfig  # noqa: F401  (gnn_ptp.collect.CollectConfig, as before)
 from gnn_ptp.errors import UserError
 from gnn_ptp.grid import load_grid
@@ -274,6 +274,7 @@ def measure(config: dict, device: torch.device, cfg: CollectConfig, ddp: dict | 
             durations = timer.durations_ms()
             timed_s = time.perf_counter() - timed_start
             result["host_probe"] = host_probe.probe_fields(probe_before, host_probe.issue_us(device))
+            result["optimizer_state"] = optimizer_state.zero_counts(optimizer)
         result["timing"] = timing_summary(durations, cfg.warmup_steps, warm_ms, device)
         result["memory"] = memory_label(device, baseline_rss)
         if ddp and ddp.get("parallel", "ddp") != "ddp" and device.type == "cpu":

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from gnn_ptp import host_probe, records
+from gnn_ptp import host_probe, optimizer_state, records
 from gnn_ptp.collect import (CollectConfig, _is_oom, _label, _Progress, _raise_keyboard_interrupt,
                              _reset_cpu_peak, _StepTimer, failure, make_optimizer, memory_label, plan,
                              timing_summary, training_step)
@@ -219,6 +219,7 @@ def measure_record(workload, config: dict, device: torch.device, cfg: CollectCon
             durations = timer.durations_ms()  # the one synchronisation
             timed_s = time.perf_counter() - timed_start
             result["host_probe"] = host_probe.probe_fields(probe_before, host_probe.issue_us(device))
+            result["optimizer_state"] = optimizer_state.zero_counts(optimizer)
             scale_after = scaler.get_scale() if scaler else None
             finite = bool(torch.isfinite(torch.stack([x.float() for x in losses])).all()) if losses else True
             profile_s = 0.0

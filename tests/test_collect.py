@@ -99,6 +99,8 @@ def test_collect_writes_documented_records(grid, out):
         assert r["grid"] == "tiny" and r["repeat"] is False
         assert r["collector"]["wall_s"] > 0
         assert 0 < r["host_probe"]["issue_us_before"] < 1e4 and 0 < r["host_probe"]["issue_us_after"] < 1e4
+        assert set(r["optimizer_state"]) == {"exp_avg", "exp_avg_sq"}
+        assert r["optimizer_state"]["exp_avg_sq"]["elements"] == r["params"]
     assert {(r["config"]["batch_size"], r["config"]["precision"]) for r in rows} == {
         (2, "fp32"), (2, "bf16"), (4, "fp32"), (4, "bf16")}
 

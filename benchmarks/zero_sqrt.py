@@ -1,0 +1,115 @@
+"""What a CPU's square root costs on zeros, and how much optimizer time the zeros of AdamW's state take.
+
+    python benchmarks/zero_sqrt.py                       # the running CPU, one thread
+    python benchmarks/zero_sqrt.py --data datasets/cpu   # also: per family, the optimizer's sqrt time above its rate
+
+First table: ns per element of ``torch.sqrt`` (and ``rsqrt``, the control) on 4 M elements of normal values
+(uniform in [0.5, 1.5]), exact zeros and subnormals (1e-40), fp32, bf16 and fp64, each the median of 11
+runs into a preallocated output, with and without ``torch.set_flush_denormal``. AdamW takes the square root
+of ``exp_avg_sq`` every step, and an element stays zero for as long as its gradient has been zero
+(``gnn_ptp/optimizer_state.py``).
+
+With ``--data``: from each profiled record's optimizer phase, the self time of ``aten::sqrt`` per parameter,
+against the 25th percentile of that rate over the folder's records of the same precision class (models of
+at least 1 M parameters): the excess is the time the class's rate does not explain, per family its median
+and largest share of the step. A sqrt whose output is a fresh allocation of hundreds of MB also pays page
+faults (VGG's 129 M parameters), which this excess counts too: the second table is a screen, not a split.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+N = 4_000_000
+VALUES = {"normal": lambda n, dt: torch.rand(n, dtype=torch.float32).add_(0.5).to(dt),
+          "zeros": lambda n, dt: torch.zeros(n, dtype=dt),
+          "subnormal": lambda n, dt: torch.full((n,), 1e-40 if dt == torch.float32 else 1e-310, dtype=dt)}
+
+
+def ns_per_element(fn, x: torch.Tensor, runs: int = 11) -> float:
+    out = torch.empty_like(x)
+    fn(x, out=out)
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        fn(x, out=out)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) / x.numel() * 1e9
+
+
+def rates_table(n: int = N) -> None:
+    torch.set_num_threads(1)
+    print(f"ns per element, {n:,} elements, one thread, torch {torch.__version__}")
+    print(f"{'dtype':<9}{'flush':<7}{'op':<7}" + "".join(f"{v:>11}" for v in VALUES) + "   zeros / normal")
+    for dt in (torch.float32, torch.bfloat16, torch.float64):
+        for flush in (False, True):
+            torch.set_flush_denormal(flush)
+            for name, fn in (("sqrt", torch.sqrt), ("rsqrt", torch.rsqrt)):
+                cells = {}
+                for v, make in VALUES.items():
+                    if v == "subnormal" and dt == torch.bfloat16:
+                        cells[v] = float("nan")  # 1e-40 is a bf16 subnormal too, but rounds oddly: not timed
+                        continue
+                    cells[v] = ns_per_element(fn, make(n, dt))
+                print(f"{str(dt).split('.')[1]:<9}{str(flush):<7}{name:<7}"
+                      + "".join(f"{cells[v]:11.2f}" for v in VALUES) + f"   {cells['zeros'] / cells['normal']:6.1f}x")
+    torch.set_flush_denormal(False)
+
+
+def excess_table(data: Path) -> None:
+    records = {}
+    for path in sorted(data.glob("*.jsonl")):
+        for line in path.open():
+            r = json.loads(line)
+            if r.get("status") == "ok" and not r.get("ddp") and r.get("id"):
+                records[r["id"]] = r
+    rows = []  # (family, precision, params, sqrt_s, step_s)
+    for path in sorted((data / "profiles").glob("*.jsonl.gz")):
+        with gzip.open(path, "rt") as f:
+            for line in f:
+                p = json.loads(line)
+                r = records.get(p["id"])
+                if r is None:
+                    continue
+                names = p["names"]
+                sqrt_s = sum(op[7] for op in p["ops"] if op[2] == 2 and names[op[0]] == "aten::sqrt") * 1e-6
+                rows.append((r["family"], r["config"]["precision"], r["params"], sqrt_s,
+                             r["timing"]["step_ms"]["median"] * 1e-3))
+    if not rows:
+        sys.exit(f"--data {data}: no profiled records (a folder with profiles/, e.g. datasets/cpu)")
+    rate = {}
+    for prec in sorted({r[1] for r in rows}):
+        per = sorted(s / n for _, p, n, s, _ in rows if p == prec and n >= 1e6)
+        rate[prec] = per[len(per) // 4] if per else 0.0
+    print(f"\n{data}: {len(rows)} profiled records; optimizer sqrt rate (p25, ns per parameter): "
+          + ", ".join(f"{p} {v * 1e9:.2f}" for p, v in rate.items()))
+    by = defaultdict(list)
+    for fam, prec, n, s, step in rows:
+        by[fam].append(max(0.0, s - rate[prec] * n) / step)
+    print(f"{'family':<20}{'n':>5}{'median excess':>15}{'largest':>10}{'records > 5 %':>15}")
+    for fam, shares in sorted(by.items()):
+        print(f"{fam:<20}{len(shares):>5}{statistics.median(shares) * 100:14.1f}%{max(shares) * 100:9.0f}%"
+              f"{sum(s > 0.05 for s in shares):>15}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--data", type=Path, help="a dataset folder with profiles/ to screen (e.g. datasets/cpu)")
+    ap.add_argument("--elements", type=int, default=N)
+    args = ap.parse_args()
+    rates_table(args.elements)
+    if args.data:
+        excess_table(args.data)
+
+
+if __name__ == "__main__":
+    main()

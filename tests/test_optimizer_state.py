@@ -1,0 +1,31 @@
+"""The optimizer state's zero count (gnn_ptp/optimizer_state.py): exact on a model whose zeros are known."""
+
+import torch
+
+from gnn_ptp import optimizer_state
+
+
+def test_untouched_embedding_rows_are_counted_as_zero_moments():
+    torch.manual_seed(0)
+    emb = torch.nn.Embedding(10, 4)  # a batch touching rows 0-2 leaves rows 3-9 with zero gradients
+    head = torch.nn.Linear(4, 3)
+    opt = torch.optim.AdamW([*emb.parameters(), *head.parameters()])
+    for _ in range(3):
+        opt.zero_grad()
+        head(emb(torch.tensor([0, 1, 2, 1]))).sum().backward()
+        opt.step()
+    counts = optimizer_state.zero_counts(opt)
+    assert set(counts) == {"exp_avg", "exp_avg_sq"}  # "step" is a scalar: left out
+    assert counts["exp_avg_sq"] == {"elements": 10 * 4 + 4 * 3 + 3, "zeros": 7 * 4}
+    record = {"optimizer_state": counts}
+    assert optimizer_state.zero_fraction(record) == 28 / 55
+    assert optimizer_state.zero_fraction({}) is None and optimizer_state.zero_counts(None) == {}
+
+
+def test_sgd_momentum_and_no_state():
+    w = torch.nn.Parameter(torch.ones(5))
+    opt = torch.optim.SGD([w], lr=0.1, momentum=0.9)
+    assert optimizer_state.zero_counts(opt) == {}  # no step yet, no state
+    (w * torch.tensor([1.0, 0, 0, 2, 0])).sum().backward()
+    opt.step()
+    assert optimizer_state.zero_counts(opt) == {"momentum_buffer": {"elements": 5, "zeros": 3}}
