@@ -70,6 +70,7 @@ def dataset_stats(path, min_step_ms: float = 10.0, strict: bool = False) -> dict
         "repeat_difference": dist(repeats),
         "label_noise_floor": floor,
         "host_probe": host_probe_stats(rows),
+        "optimizer_zeros": optimizer_zero_stats(rows),
         "collection": collection_stats(rows),
     }
 
@@ -85,6 +86,24 @@ def host_probe_stats(rows: list[dict]) -> dict:
                   for p in probes)
     return {"n": len(probes), "median_us": statistics.median(before), "p10_us": _quantile(before, 0.1),
             "p90_us": _quantile(before, 0.9), "changed_during_record": changed}
+
+
+def optimizer_zero_stats(rows: list[dict]) -> dict:
+    """The share of AdamW's second moments that were exactly zero when the timed steps ended
+    (``optimizer_state.py``; records from the twenty-eighth session on, 2026-11-28): per family, the median and
+    largest share. On a CPU each zero costs the optimizer's square root several ns (``benchmarks/zero_sqrt.py``)."""
+    from gnn_ptp.optimizer_state import zero_fraction
+
+    by: dict[str, list[float]] = defaultdict(list)
+    for r in rows:
+        share = zero_fraction(r) if r.get("status") == "ok" else None
+        if share is not None:
+            by[r.get("family") or "?"].append(share)
+    n = sum(len(v) for v in by.values())
+    if not n:
+        return {"n": 0}
+    return {"n": n, "by_family": {f: {"median": statistics.median(v), "max": max(v), "n": len(v)}
+                                   for f, v in sorted(by.items())}}
 
 
 def collection_stats(rows: list[dict]) -> dict:
@@ -139,6 +158,11 @@ def format_stats(s: dict) -> str:
         lines.append(f"host issue cost (host_probe.py): n {h['n']}, median {h['median_us']:.2f} us per op, "
                      f"p10-p90 {h['p10_us']:.2f}-{h['p90_us']:.2f} us; changed > 1.5x during a record: "
                      f"{h['changed_during_record']}")
+    z = s.get("optimizer_zeros") or {"n": 0}
+    if z["n"]:
+        worst = sorted(z["by_family"].items(), key=lambda kv: -kv[1]["median"])[:6]
+        lines.append(f"zero second moments (optimizer_state.py): n {z['n']}; largest median shares: "
+                     + ", ".join(f"{f} {v['median']:.0%} (max {v['max']:.0%})" for f, v in worst))
     c = s.get("collection") or {}
     for mode in ("harvest", "classic"):
         if mode in c:

@@ -108,6 +108,20 @@ def test_host_probe_spread_and_changes(tmp_path):
     assert dataset_stats(folder / "a.jsonl")["host_probe"]["n"] == 4
 
 
+def test_optimizer_zero_shares_per_family(tmp_path):
+    folder = tmp_path / "zeros-cpu"
+    for i, (family, zeros) in enumerate([("resnet", 70), ("resnet", 10), ("resnet", 30), ("bert", 5)]):
+        r = synthetic_record(f"z{i}")  # synthetic counts, named so
+        r["family"] = family
+        r["optimizer_state"] = {"exp_avg_sq": {"elements": 100, "zeros": zeros}}
+        records.append_record(r, folder, "a.jsonl")
+    records.append_record(synthetic_record("old"), folder, "a.jsonl")  # collected before the count existed
+    z = dataset_stats(folder)["optimizer_zeros"]
+    assert z["n"] == 4 and z["by_family"]["resnet"] == {"median": 0.3, "max": 0.7, "n": 3}
+    assert z["by_family"]["bert"]["median"] == 0.05
+    assert "resnet 30% (max 70%), bert 5%" in format_stats(dataset_stats(folder))
+
+
 def test_single_file_and_empty_distributions(tmp_path):
     path = tmp_path / "only-failures.jsonl"
     records.append_record(synthetic_record("k", status="oom"), tmp_path, path.name)
