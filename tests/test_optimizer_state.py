@@ -29,3 +29,9 @@ def test_sgd_momentum_and_no_state():
     (w * torch.tensor([1.0, 0, 0, 2, 0])).sum().backward()
     opt.step()
     assert optimizer_state.zero_counts(opt) == {"momentum_buffer": {"elements": 5, "zeros": 3}}
+
+
+def test_chunked_count_matches_a_direct_one(monkeypatch):
+    monkeypatch.setattr(optimizer_state, "CHUNK", 7)  # many chunks, a ragged last one
+    t = torch.tensor([[0.0, 1.0, -0.0, 2.0, 0.0], [3.0, 0.0, float("nan"), 0.0, 1e-40]])
+    assert optimizer_state._zeros(t) == int((t == 0).sum()) == 5  # -0.0 is a zero; NaN and 1e-40 are not
