@@ -1,9 +1,11 @@
 """How many of an optimizer's state elements are exactly zero when a record's timed steps end.
 
 A step's optimizer time on a CPU depends on the values it runs on, not only on their shapes: torch's fp32
-``sqrt`` on a CPU takes about 10x as long per element on zeros as on normal numbers (measured on the first
-AMD kind, 4 M elements, one thread: 1.9 ms on values in [0.5, 1.5], 18-23 ms on zeros, 125 ms on
-subnormals; ``rsqrt``, bf16 and the flush-to-zero mode do not change it; ``benchmarks/zero_sqrt.py``).
+``sqrt`` on a CPU takes 5-6x as long per element on zeros as on normal numbers (measured on the first AMD
+kind's machine type, 4 M elements, one thread: 0.43 ns per element on values in [0.5, 1.5], 2.53 on zeros,
+15.6 on subnormals; ``rsqrt`` and bf16 show none of it, flush-to-zero leaves zeros as slow;
+``benchmarks/zero_sqrt.py``; in AdamW's step 3.9 ns per zero moment in fp32, README *Zeros in the optimizer
+state*).
 AdamW takes the square root of ``exp_avg_sq`` every step, and an element stays exactly zero for as long as
 its gradient has been exactly zero: embedding rows the batch never touches, units a ReLU keeps dead, the
 layers before a batch norm over two values (ResNet-18 at 32x32 and batch 2: 7.05 of its 11.7 M moments are
@@ -12,7 +14,7 @@ zero and its optimizer phase runs 2.5x as long as at 64x64). A GPU's square root
 So the collector stores, per record, each state tensor kind's element count and its zeros at the end of
 the timed steps (``record["optimizer_state"]``, e.g. ``{"exp_avg_sq": {"elements": 11689512, "zeros":
 7051607}}``): a measured covariate of the optimizer phase that no trace can know, as the host probe is
-of the host. One pass over the state (a count, no copy of it), after the timing.
+of the host. One pass over the state (a chunked count, no copy of it), after the timing.
 """
 
 from __future__ import annotations
