@@ -2,6 +2,7 @@
 
     python benchmarks/zero_sqrt.py                       # the running CPU, one thread
     python benchmarks/zero_sqrt.py --data datasets/cpu   # also: per family, the optimizer's sqrt time above its rate
+    python benchmarks/zero_sqrt.py --records datasets/cpu/cpu-harvest-zero-counts-2026-11-28   # in-situ cost per zero
 
 First table: ns per element of ``torch.sqrt`` (and ``rsqrt``, the control) on 4 M elements of normal values
 (uniform in [0.5, 1.5]), exact zeros and subnormals (1e-40), fp32, bf16 and fp64, each the median of 11
@@ -14,6 +15,12 @@ against the 25th percentile of that rate over the folder's records of the same p
 at least 1 M parameters): the excess is the time the class's rate does not explain, per family its median
 and largest share of the step. A sqrt whose output is a fresh allocation of hundreds of MB also pays page
 faults (VGG's 129 M parameters), which this excess counts too: the second table is a screen, not a split.
+
+With ``--records``: records that count their optimizer state's zeros (``optimizer_state``, since 2026-11-28).
+Within each model and precision class (same parameters, other batch sizes and input sizes), every
+configuration against the one with the fewest zero moments: the optimizer phase's growth over the growth in
+zero ``exp_avg_sq`` elements, a slope through the origin per class (ns per zero moment) with its
+correlation, then the zero share per family.
 """
 
 from __future__ import annotations
@@ -101,14 +108,57 @@ def excess_table(data: Path) -> None:
               f"{sum(s > 0.05 for s in shares):>15}")
 
 
+def slope_table(folder: Path) -> None:
+    groups = defaultdict(list)  # (spec, set, precision) -> (zeros, optimizer ms, family)
+    for path in sorted(folder.glob("*.jsonl")):
+        for line in path.open():
+            r = json.loads(line)
+            moments = (r.get("optimizer_state") or {}).get("exp_avg_sq")
+            if r.get("status") != "ok" or r.get("ddp") or not moments:
+                continue
+            c = r["config"]
+            groups[(c["spec"], json.dumps(c.get("set"), sort_keys=True), c["precision"])].append(
+                (moments["zeros"], moments["elements"], r["timing"]["optimizer_ms"]["median"], r["family"]))
+    if not groups:
+        sys.exit(f"--records {folder}: no record counts its optimizer state's zeros (collected before 2026-11-28?)")
+    print(f"\n{folder}: {sum(map(len, groups.values()))} records with zero counts")
+    print(f"{'class':<10}{'pairs':>6}{'ns per zero moment':>20}{'r':>7}")
+    for prec in sorted({k[2] for k in groups}):
+        dz, dt = [], []
+        for key, rows in groups.items():
+            if key[2] != prec:
+                continue
+            base = min(rows)
+            for z, _, ms, _ in rows:
+                if z > base[0]:
+                    dz.append(z - base[0])
+                    dt.append(ms - base[2])
+        if len(dz) < 3:
+            print(f"{prec:<10}{len(dz):>6}{'':>20}{'':>7}")
+            continue
+        slope_ns = sum(a * b for a, b in zip(dz, dt)) / sum(a * a for a in dz) * 1e6
+        print(f"{prec:<10}{len(dz):>6}{slope_ns:20.2f}{statistics.correlation(dz, dt):7.2f}")
+    shares = defaultdict(list)
+    for rows in groups.values():
+        for z, n, _, family in rows:
+            shares[family].append(z / n)
+    print("zero share of exp_avg_sq per family (median, largest): " + ", ".join(
+        f"{f} {statistics.median(v):.0%} / {max(v):.0%}" for f, v in sorted(shares.items())))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data", type=Path, help="a dataset folder with profiles/ to screen (e.g. datasets/cpu)")
+    ap.add_argument("--records", type=Path, help="a folder of records that count their optimizer state's zeros")
     ap.add_argument("--elements", type=int, default=N)
+    ap.add_argument("--no-rates", action="store_true", help="skip the microbenchmark (the tables of --data, --records only)")
     args = ap.parse_args()
-    rates_table(args.elements)
+    if not args.no_rates:
+        rates_table(args.elements)
     if args.data:
         excess_table(args.data)
+    if args.records:
+        slope_table(args.records)
 
 
 if __name__ == "__main__":

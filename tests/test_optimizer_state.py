@@ -35,3 +35,36 @@ def test_chunked_count_matches_a_direct_one(monkeypatch):
     monkeypatch.setattr(optimizer_state, "CHUNK", 7)  # many chunks, a ragged last one
     t = torch.tensor([[0.0, 1.0, -0.0, 2.0, 0.0], [3.0, 0.0, float("nan"), 0.0, 1e-40]])
     assert optimizer_state._zeros(t) == int((t == 0).sum()) == 5  # -0.0 is a zero; NaN and 1e-40 are not
+
+
+def _zero_sqrt():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "zero_sqrt.py"
+    spec = importlib.util.spec_from_file_location("zero_sqrt", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_in_situ_slope_from_synthetic_records(tmp_path, capsys):
+    import json
+
+    import pytest
+
+    rows = []  # synthetic records, named so: one model, optimizer 10 ms + 4 ns per zero moment
+    for i, zeros in enumerate([0, 1_000_000, 2_000_000, 3_000_000]):
+        rows.append({"status": "ok", "family": "synthetic", "key": f"k{i}",
+                     "config": {"spec": "random:mlp:0", "set": {}, "precision": "fp32"},
+                     "optimizer_state": {"exp_avg_sq": {"elements": 4_000_000, "zeros": zeros}},
+                     "timing": {"optimizer_ms": {"median": 10 + 4e-6 * zeros}}})
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    _zero_sqrt().slope_table(tmp_path)
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("fp32"))
+    assert line.split()[1:] == ["3", "4.00", "1.00"]
+    empty = tmp_path / "old"
+    empty.mkdir()
+    (empty / "a.jsonl").write_text(json.dumps({**rows[0], "optimizer_state": None}) + "\n")
+    with pytest.raises(SystemExit, match="no record counts its optimizer state's zeros"):
+        _zero_sqrt().slope_table(empty)
