@@ -9,7 +9,8 @@ state*).
 AdamW takes the square root of ``exp_avg_sq`` every step, and an element stays exactly zero for as long as
 its gradient has been exactly zero: embedding rows the batch never touches, units a ReLU keeps dead, the
 layers before a batch norm over two values (ResNet-18 at 32x32 and batch 2: 7.05 of its 11.7 M moments are
-zero and its optimizer phase runs 2.5x as long as at 64x64). A GPU's square root has no such path.
+zero and its optimizer phase runs 2.5x as long as at 64x64). On a GPU it is expected not to matter (a
+fused or foreach kernel of hardware square roots), not yet measured: GPU records carry the count too.
 
 So the collector stores, per record, each state tensor kind's element count and its zeros at the end of
 the timed steps (``record["optimizer_state"]``, e.g. ``{"exp_avg_sq": {"elements": 11689512, "zeros":
