@@ -131,15 +131,20 @@ def random_transformer_spec() -> ModelSpec:
     return spec_of(RANDOM_TRANSFORMER)
 
 
-def calibrate_prior_module():
-    """benchmarks/calibrate_prior.py loaded as a module (a script, not part of the package)."""
+def benchmark_module(name: str):
+    """benchmarks/<name>.py loaded as a module (a script, not part of the package)."""
     import importlib.util
 
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "calibrate_prior.py"
-    spec = importlib.util.spec_from_file_location("calibrate_prior", path)
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def calibrate_prior_module():
+    """benchmarks/calibrate_prior.py loaded as a module."""
+    return benchmark_module("calibrate_prior")
 
 
 def compute_nodes(traced, phase: str | None = None):

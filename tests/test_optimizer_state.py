@@ -38,14 +38,9 @@ def test_chunked_count_matches_a_direct_one(monkeypatch):
 
 
 def _zero_sqrt():
-    import importlib.util
-    from pathlib import Path
+    from conftest import benchmark_module
 
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "zero_sqrt.py"
-    spec = importlib.util.spec_from_file_location("zero_sqrt", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_module("zero_sqrt")
 
 
 def test_in_situ_slope_from_synthetic_records(tmp_path, capsys):
