@@ -26,7 +26,6 @@ correlation, then the zero share per family.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import statistics
 import sys
@@ -35,6 +34,11 @@ from collections import defaultdict
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from gnn_ptp.optimizer_state import zero_fraction  # noqa: E402
+from gnn_ptp.profiles import read_profiles  # noqa: E402
+from gnn_ptp.records import iter_records  # noqa: E402
 
 N = 4_000_000
 VALUES = {"normal": lambda n, dt: torch.rand(n, dtype=torch.float32).add_(0.5).to(dt),
@@ -73,24 +77,17 @@ def rates_table(n: int = N) -> None:
 
 
 def excess_table(data: Path) -> None:
-    records = {}
-    for path in sorted(data.glob("*.jsonl")):
-        for line in path.open():
-            r = json.loads(line)
-            if r.get("status") == "ok" and not r.get("ddp") and r.get("id"):
-                records[r["id"]] = r
+    records = {r["id"]: r for r in iter_records(data)
+               if r.get("status") == "ok" and not r.get("ddp") and r.get("id")}
     rows = []  # (family, precision, params, sqrt_s, step_s)
-    for path in sorted((data / "profiles").glob("*.jsonl.gz")):
-        with gzip.open(path, "rt") as f:
-            for line in f:
-                p = json.loads(line)
-                r = records.get(p["id"])
-                if r is None:
-                    continue
-                names = p["names"]
-                sqrt_s = sum(op[7] for op in p["ops"] if op[2] == 2 and names[op[0]] == "aten::sqrt") * 1e-6
-                rows.append((r["family"], r["config"]["precision"], r["params"], sqrt_s,
-                             r["timing"]["step_ms"]["median"] * 1e-3))
+    for rid, p in read_profiles(data).items():
+        r = records.get(rid)
+        if r is None:
+            continue
+        names = p["names"]
+        sqrt_s = sum(op[7] for op in p["ops"] if op[2] == 2 and names[op[0]] == "aten::sqrt") * 1e-6
+        rows.append((r["family"], r["config"]["precision"], r["params"], sqrt_s,
+                     r["timing"]["step_ms"]["median"] * 1e-3))
     if not rows:
         sys.exit(f"--data {data}: no profiled records (a folder with profiles/, e.g. datasets/cpu)")
     rate = {}
@@ -109,16 +106,14 @@ def excess_table(data: Path) -> None:
 
 
 def slope_table(folder: Path) -> None:
-    groups = defaultdict(list)  # (spec, set, precision) -> (zeros, optimizer ms, family)
-    for path in sorted(folder.glob("*.jsonl")):
-        for line in path.open():
-            r = json.loads(line)
-            moments = (r.get("optimizer_state") or {}).get("exp_avg_sq")
-            if r.get("status") != "ok" or r.get("ddp") or not moments:
-                continue
-            c = r["config"]
-            groups[(c["spec"], json.dumps(c.get("set"), sort_keys=True), c["precision"])].append(
-                (moments["zeros"], moments["elements"], r["timing"]["optimizer_ms"]["median"], r["family"]))
+    groups = defaultdict(list)  # (spec, set, precision) -> (zeros, share, optimizer ms, family)
+    for r in iter_records(folder):
+        share = zero_fraction(r)
+        if r.get("status") != "ok" or r.get("ddp") or share is None:
+            continue
+        c = r["config"]
+        groups[(c["spec"], json.dumps(c.get("set"), sort_keys=True), c["precision"])].append(
+            (r["optimizer_state"]["exp_avg_sq"]["zeros"], share, r["timing"]["optimizer_ms"]["median"], r["family"]))
     if not groups:
         sys.exit(f"--records {folder}: no record counts its optimizer state's zeros (collected before 2026-11-28?)")
     print(f"\n{folder}: {sum(map(len, groups.values()))} records with zero counts")
@@ -140,8 +135,8 @@ def slope_table(folder: Path) -> None:
         print(f"{prec:<10}{len(dz):>6}{slope_ns:20.2f}{statistics.correlation(dz, dt):7.2f}")
     shares = defaultdict(list)
     for rows in groups.values():
-        for z, n, _, family in rows:
-            shares[family].append(z / n)
+        for _, share, _, family in rows:
+            shares[family].append(share)
     print("zero share of exp_avg_sq per family (median, largest): " + ", ".join(
         f"{f} {statistics.median(v):.0%} / {max(v):.0%}" for f, v in sorted(shares.items())))
 
