@@ -3,6 +3,7 @@
     python benchmarks/zero_sqrt.py                       # the running CPU, one thread
     python benchmarks/zero_sqrt.py --data datasets/cpu   # also: per family, the optimizer's sqrt time above its rate
     python benchmarks/zero_sqrt.py --records datasets/cpu/cpu-harvest-zero-counts-2026-11-28   # in-situ cost per zero
+    python benchmarks/zero_sqrt.py --no-rates --batches     # are the zeros the collector's one reused batch?
 
 First table: ns per element of ``torch.sqrt`` (and ``rsqrt``, the control) on 4 M elements of normal values
 (uniform in [0.5, 1.5]), exact zeros and subnormals (1e-40), fp32, bf16 and fp64, each the median of 11
@@ -21,6 +22,13 @@ Within each model and precision class (same parameters, other batch sizes and in
 configuration against the one with the fewest zero moments: the optimizer phase's growth over the growth in
 zero ``exp_avg_sq`` elements, a slope through the origin per class (ns per zero moment) with its
 correlation, then the zero share per family.
+
+With ``--batches``: the collector times every step of a record on one batch, built once. Real training draws
+a new batch each step, and an element of ``exp_avg_sq`` stays zero only while every batch so far gave it a
+zero gradient. For each configuration of ``BATCH_CONFIGS`` (the CPU grid's configuration with the most zero
+moments in each family that has many, fp32, AdamW as collected), the zero share after ``--steps`` steps on the
+one batch, and after the same number and 4x as many steps with a new batch (the workload built again under
+another seed) each step. One thread.
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from gnn_ptp.optimizer_state import zero_fraction  # noqa: E402
 from gnn_ptp.profiles import read_profiles  # noqa: E402
 from gnn_ptp.records import iter_records  # noqa: E402
+from gnn_ptp.spec import ModelSpec, Shape, build  # noqa: E402
 
 N = 4_000_000
 VALUES = {"normal": lambda n, dt: torch.rand(n, dtype=torch.float32).add_(0.5).to(dt),
@@ -141,10 +150,62 @@ def slope_table(folder: Path) -> None:
         f"{f} {statistics.median(v):.0%} / {max(v):.0%}" for f, v in sorted(shares.items())))
 
 
+BATCH_CONFIGS = [  # (spec, set, batch_size, seq_len, image_size): fp32 twins of each family's most-zero configuration
+    ("torchvision:vgg11", {"num_classes": 10}, 4, None, 32),
+    ("torchvision:resnet18", {}, 2, None, 32),
+    ("random:cnn:0", {}, 8, None, 64),
+    ("random:transformer:16", {"vocab_size": 4096}, 8, 32, None),
+    ("hf:opt", {"ffn_dim": 512, "hidden_size": 128, "num_attention_heads": 4, "num_hidden_layers": 2,
+                "vocab_size": 2000, "word_embed_proj_dim": 128}, 2, 64, None),
+    ("hf:llama", {"hidden_size": 128, "intermediate_size": 344, "num_attention_heads": 4, "num_hidden_layers": 2,
+                  "num_key_value_heads": 2, "vocab_size": 2000}, 2, 64, None),
+    ("hf:gpt2", {"n_embd": 128, "n_head": 4, "n_layer": 2, "vocab_size": 2000}, 2, 64, None),
+]
+
+
+def _zero_share_after(spec: ModelSpec, shape: Shape, steps: int, fresh: bool) -> float:
+    """exp_avg_sq's zero share after ``steps`` AdamW steps (the collector's optimizer), on one batch or a new
+    batch each step (the workload built again under seed 1, 2, ...; its model is not used)."""
+    from gnn_ptp.collect import make_optimizer
+    from gnn_ptp.optimizer_state import zero_counts
+
+    torch.manual_seed(0)
+    workload = build(spec, shape, "cpu")
+    optimizer = make_optimizer("adamw", workload.model.parameters())
+    for i in range(steps):
+        batch = workload
+        if fresh and i:
+            torch.manual_seed(i)
+            batch = build(spec, shape, "cpu")
+        optimizer.zero_grad(set_to_none=True)
+        loss = workload.loss_fn(workload.model(*batch.args, **batch.kwargs), **batch.targets)
+        loss.backward()
+        optimizer.step()
+        del batch
+    cell = zero_counts(optimizer)["exp_avg_sq"]
+    return cell["zeros"] / cell["elements"]
+
+
+def batches_table(steps: int) -> None:
+    torch.set_num_threads(1)
+    print(f"\nzero share of exp_avg_sq, fp32, AdamW, one thread, torch {torch.__version__}")
+    print(f"{'configuration':<44}{f'one batch, {steps}':>15}{f'new batches, {steps}':>20}{f'new, {4 * steps}':>12}")
+    for name, overrides, b, seq, img in BATCH_CONFIGS:
+        spec = ModelSpec.from_dict({"spec": name, "set": overrides})
+        shape = Shape(b, seq, img)
+        cells = [_zero_share_after(spec, shape, steps, False), _zero_share_after(spec, shape, steps, True),
+                 _zero_share_after(spec, shape, 4 * steps, True)]
+        label = f"{name} b{b} " + (f"seq {seq}" if seq else f"{img} px")
+        print(f"{label:<44}{cells[0]:14.1%}{cells[1]:20.1%}{cells[2]:12.1%}", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data", type=Path, help="a dataset folder with profiles/ to screen (e.g. datasets/cpu)")
     ap.add_argument("--records", type=Path, help="a folder of records that count their optimizer state's zeros")
+    ap.add_argument("--batches", action="store_true",
+                    help="zero shares after steps on one batch (as collected) and on a new batch each step")
+    ap.add_argument("--steps", type=int, default=8, help="steps for --batches (the harvest's 3 warm-up + 5)")
     ap.add_argument("--elements", type=int, default=N)
     ap.add_argument("--no-rates", action="store_true", help="skip the microbenchmark (the tables of --data, --records only)")
     args = ap.parse_args()
@@ -154,6 +215,8 @@ def main() -> None:
         excess_table(args.data)
     if args.records:
         slope_table(args.records)
+    if args.batches:
+        batches_table(args.steps)
 
 
 if __name__ == "__main__":
