@@ -17,7 +17,6 @@ Reads the records only.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 

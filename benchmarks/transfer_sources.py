@@ -74,7 +74,7 @@ def main(argv=None) -> int:
     if not {m.key for m in measured[0]} & {m.key for m in measured[1]}:
         raise UserError(f"--source {args.source} and --target {args.target} share no configuration (the "
                         "same grid measured on two kinds is what this compares)")
-    src, tgt = kinds = [descriptor.for_env(configs[0].env) for configs in measured]
+    src, tgt = [descriptor.for_env(configs[0].env) for configs in measured]
     section = args.section or src.curves_section()
     if args.mode not in descriptor.TRANSFER_MODES:
         raise UserError(f"--mode {args.mode}: allowed: {', '.join(descriptor.TRANSFER_MODES)}")

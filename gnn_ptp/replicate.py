@@ -195,9 +195,9 @@ def synthesize(graph: torch.fx.Graph, n_layers: int) -> torch.fx.Graph:
             while j < len(nodes) and tag[nodes[j]] == TEMPLATE:
                 j += 1
             copies = range(TEMPLATE, last_copy + 1)
-            for copy in (copies if _ascending(nodes, i, j, tag, ordinal, layer, position) else reversed(copies)):
+            for c in (copies if _ascending(nodes, i, j, tag, ordinal, layer, position) else reversed(copies)):
                 for node in nodes[i:j]:
-                    emit(node, copy)
+                    emit(node, c)
             i = j
     except KeyError as e:
         raise NotReplicable(f"a node refers to one not built yet: {e}") from None
