@@ -684,7 +684,7 @@ def _for_cpu_kind(model, meta: dict, ckpt_path, cpu_kind: str):
         if max(ratio, 1 / ratio) >= FAR_CEILINGS:
             note += (f"; its {rate} rate is {ratio:.2g}x the training CPU's: trained on one CPU kind and tested on "
                      "another this far from it, the residual GNN was 16-26 % off in the hardware protocol "
-                     "(14-19 % between the two nearer AMD kinds), and 100 % onto a kind without a fast bf16 "
+                     "(14-19 % between the two nearer AMD kinds), and 62-100 % onto a kind without a fast bf16 "
                      "path (README *Protocol*): a profiled harvest pass on this CPU does better")
     if stored[name].steps_fitted_on() == name and name != trained_on:
         note += (f"; {name} has a prior fitted to its own profiled steps: --analytic answers from it "
