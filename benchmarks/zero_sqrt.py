@@ -164,24 +164,25 @@ BATCH_CONFIGS = [  # (spec, set, batch_size, seq_len, image_size): fp32 twins of
 
 
 def _zero_share_after(spec: ModelSpec, shape: Shape, steps: int, fresh: bool) -> float:
-    """exp_avg_sq's zero share after ``steps`` AdamW steps (the collector's optimizer), on one batch or a new
-    batch each step (the workload built again under seed 1, 2, ...; its model is not used)."""
-    from gnn_ptp.collect import make_optimizer
+    """exp_avg_sq's zero share after ``steps`` fp32 training steps as the collector runs them (its AdamW and
+    ``training_step``), on one batch or a new batch each step (the workload built again under seed 1, 2, ...;
+    its model is not used)."""
+    from gnn_ptp.collect import _StepTimer, make_optimizer, training_step
     from gnn_ptp.optimizer_state import zero_counts
+    from gnn_ptp.precision import get_precision
 
+    cpu = torch.device("cpu")
     torch.manual_seed(0)
-    workload = build(spec, shape, "cpu")
+    workload = build(spec, shape, cpu)
     optimizer = make_optimizer("adamw", workload.model.parameters())
+    step = training_step(workload.model, workload, optimizer, None, get_precision("fp32"), cpu)
+    timer = _StepTimer(cpu)
     for i in range(steps):
-        batch = workload
         if fresh and i:
             torch.manual_seed(i)
-            batch = build(spec, shape, "cpu")
-        optimizer.zero_grad(set_to_none=True)
-        loss = workload.loss_fn(workload.model(*batch.args, **batch.kwargs), **batch.targets)
-        loss.backward()
-        optimizer.step()
-        del batch
+            batch = build(spec, shape, cpu)
+            workload.args, workload.kwargs, workload.targets = batch.args, batch.kwargs, batch.targets
+        step(timer, [])
     cell = zero_counts(optimizer)["exp_avg_sq"]
     return cell["zeros"] / cell["elements"]
 
