@@ -306,7 +306,8 @@ def run_train(args) -> int:
 PROTOCOL_ONLY = {"config": None, "epochs": None, "patience": None, "families": None, "seeds": "0",
                  "variants": "gnn,gnn-prior", "threads": None, "bootstrap": 2000, "shipped_prior": False,
                  "jobs": 1, "hardware_folds": "all", "hardware_test": None, "hardware_transfer": "nearest",
-                 "transfer_mode": "split", "no_depthwise_law": False, "refit_per_category": False}
+                 "transfer_mode": "split", "no_depthwise_law": False, "refit_per_category": False,
+                 "labels": "mean"}
 """``evaluate``'s options that only a --protocol run reads, with their defaults."""
 
 
@@ -361,6 +362,10 @@ def add_evaluate_parser(sub) -> None:
                    help="data with per-op profiles: the prior refitted in every fold takes per-category vector "
                         "and bandwidth curves and no batch-norm ramp, as before 2026-11-26's eighteenth session, "
                         "instead of the options its shipped section was fitted with (the default)")
+    g.add_argument("--labels", default=PROTOCOL_ONLY["labels"],
+                   help="a configuration measured more than once is labelled by the mean of its records (mean, "
+                        "default) or by its fastest record (fastest: for a shared VM whose interference only "
+                        "slows steps down; the noise floor is then measured by split halves)")
     g.add_argument("--bootstrap", type=_positive_int, default=PROTOCOL_ONLY["bootstrap"],
                    help="bootstrap resamples (default 2000)")
     g.add_argument("--shipped-prior", action="store_true",
@@ -421,7 +426,8 @@ def run_protocol(args) -> int:
                     threads=args.threads, bootstrap=args.bootstrap, refit_prior=not args.shipped_prior,
                     jobs=args.jobs, hardware_folds=args.hardware_folds, hardware_test=args.hardware_test,
                     hardware_transfer=args.hardware_transfer, transfer_mode=args.transfer_mode,
-                    depthwise_law=not args.no_depthwise_law, refit_as_shipped=not args.refit_per_category)
+                    depthwise_law=not args.no_depthwise_law, refit_as_shipped=not args.refit_per_category,
+                    labels=args.labels)
     result = run(args.protocol, args.data, args.config, budget, strict=args.strict)
     print(json.dumps(result, indent=2) if args.json else format_result(result))
     return 0

@@ -81,3 +81,56 @@ class NoiseFloor:
 def _hardware(key):
     """The hardware part of a repeat key ((hardware, configuration) tuples; a bare key is one hardware)."""
     return key[0] if isinstance(key, tuple) else None
+
+
+FASTEST_MIN_RECORDS = 4
+"""Records a configuration needs for its fastest-record label's noise to be measured (two halves of two)."""
+HALVINGS = 20
+"""Random halvings of a configuration's records per estimate (seeded: the same floor every run)."""
+
+
+def split_half_fastest(values, halvings: int = HALVINGS, seed: int = 0) -> float | None:
+    """How far apart two fastest-record labels of one configuration fall: over ``halvings`` random splits of
+    its records into two halves of ``n // 2``, the mean of |fastest(A) / fastest(B) - 1| (None below
+    ``FASTEST_MIN_RECORDS`` records)."""
+    v = np.asarray(values, dtype=float)
+    if len(v) < FASTEST_MIN_RECORDS or v.min() <= 0:
+        return None
+    rng = np.random.default_rng(seed)
+    half = len(v) // 2
+    gaps = []
+    for _ in range(halvings):
+        order = rng.permutation(len(v))
+        gaps.append(abs(v[order[:half]].min() / v[order[half:2 * half]].min() - 1.0))
+    return float(np.mean(gaps))
+
+
+class FastestFloor(NoiseFloor):
+    """The noise floor of labels taken from each configuration's fastest record (``dataset.LABEL_STATS``):
+    a Gaussian sigma / sqrt(n) does not describe a minimum, so the error is measured instead. Each
+    configuration with ``FASTEST_MIN_RECORDS`` records or more gives the split-half gap of its fastest-record
+    labels (``split_half_fastest``) / sqrt(2): the error of one half's label if the halves err independently
+    and alike. A configuration's floor is the mean of that over the ``neighbours`` such configurations of its
+    hardware nearest in step time. Each half holds half the records, so this is an upper estimate of the
+    error of a label from all of them."""
+
+    def __init__(self, repeats: dict, neighbours: int = NEIGHBOURS):
+        self.repeats = repeats
+        self.neighbours = neighbours
+        pooled: dict = defaultdict(list)
+        for key, values in repeats.items():
+            gap = split_half_fastest(values)
+            if gap is not None:
+                pooled[_hardware(key)].append((math.log(float(np.mean(values))), gap / math.sqrt(2.0)))
+        self.pooled = {hw: (np.array([p[0] for p in rows]), np.array([p[1] for p in rows]))
+                       for hw, rows in pooled.items()}
+
+    def floor(self, keys) -> float | None:
+        """The label noise floor (%) of these configurations: the mean of their pooled half-label errors."""
+        floors = [sd * 100.0 for sd in (self.sigma(k) for k in keys) if sd is not None]
+        return float(np.mean(floors)) if floors else None
+
+
+def floor_for(label: str, repeats: dict, neighbours: int = NEIGHBOURS) -> NoiseFloor:
+    """The noise floor that fits labels made by ``label`` (``dataset.LABEL_STATS``)."""
+    return FastestFloor(repeats, neighbours) if label == "fastest" else NoiseFloor(repeats, neighbours)

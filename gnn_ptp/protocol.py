@@ -106,6 +106,10 @@ class Budget:
     with (``prior_fit.section_options``: pooled or per-category vector and bandwidth curves, the batch
     norms' channel ramp), so that the protocol scores the prior that ships; False: ``fit_device``'s
     defaults (per-category, no ramp), the form before the eighteenth session (2026-11-26)."""
+    labels: str = "mean"
+    """How a configuration measured more than once is labelled (``dataset.LABEL_STATS``): the mean of its
+    records (default) or its fastest record (``fastest``: on a shared VM whose interference only slows steps
+    down; README *Protocol*, labels from the fastest record). The noise floor follows (``noise.floor_for``)."""
     jobs: int = 1
     """Folds trained at once, each in a forked worker process (``threads`` torch threads each, 1 when
     unset): a leave-one-family-out run is 17 independent folds per seed. Same results as one at a time."""
@@ -122,7 +126,7 @@ class Budget:
         if not self.seeds:
             raise UserError("protocol needs at least one seed")
         for name, allowed in (("hardware_folds", HARDWARE_FOLDS), ("hardware_transfer", HARDWARE_TRANSFERS),
-                              ("transfer_mode", TRANSFER_MODES)):
+                              ("transfer_mode", TRANSFER_MODES), ("labels", dataset.LABEL_STATS)):
             value = getattr(self, name)
             if value not in allowed:
                 raise UserError(f"protocol {name.replace('_', ' ')} {value!r}: allowed: {', '.join(allowed)}"
@@ -134,18 +138,20 @@ class Budget:
 # --- data -------------------------------------------------------------------------------------------------
 
 
-def load(data_dirs, precision_aware: bool = True, log=None, strict: bool = False, node_labels: bool = False):
+def load(data_dirs, precision_aware: bool = True, log=None, strict: bool = False, node_labels: bool = False,
+         label: str = "mean"):
     """Samples of every folder with their hardware attached (``descriptor.attach``), the measured
     configurations, and each configuration's repeated step-time medians on its hardware (for the noise
     floor), keyed by (hardware name, configuration key): ``repeat_key(sample)``. With ``node_labels`` (a
     config with node_weight) the profiled configurations get their node labels (``node_labels.attach``),
-    as ``train`` gives them: the protocol trains what ``train`` would ship."""
+    as ``train`` gives them: the protocol trains what ``train`` would ship. ``label``: how repeated
+    configurations are labelled (``dataset.LABEL_STATS``); the repeats stay every record's step median."""
     from gnn_ptp import descriptor
     from gnn_ptp.records import iter_records, measurement_problem
 
     measured, samples, repeats = [], [], defaultdict(list)
     for data_dir in data_dirs:
-        m = dataset.measured_configs(data_dir, strict=strict)
+        m = dataset.measured_configs(data_dir, strict=strict, label=label)
         s = dataset.make_samples(m, dataset.load_graphs(data_dir, m, precision_aware, log=log))
         descriptor.attach_measured(s, m)
         if node_labels and precision_aware:  # as ``train`` does for a config with node_weight
@@ -191,14 +197,14 @@ def repeat_key(sample) -> tuple:
     return getattr(sample, "hardware_name", None), sample.key
 
 
-def noise_floor(keys, repeats: dict) -> float | None:
+def noise_floor(keys, repeats: dict, label: str = "mean") -> float | None:
     """The label noise floor (%) of these configurations (``noise.NoiseFloor``): sqrt(2/pi) x the
     per-measurement relative sd / sqrt(n), the sd pooled from the hardware's repeated configurations nearest
     in step time, so configurations measured once count with their full noise (None where the hardware has
-    no configuration measured twice)."""
-    from gnn_ptp.noise import NoiseFloor
+    no configuration measured twice); for fastest-record labels the split-half error ``noise.FastestFloor``."""
+    from gnn_ptp.noise import floor_for
 
-    return NoiseFloor(repeats).floor(keys)
+    return floor_for(label, repeats).floor(keys)
 
 
 def step_flops(sample) -> float:
@@ -487,7 +493,7 @@ def run(protocol: str, data_dirs, config=None, budget: Budget = Budget(), log=No
     if protocol == "hardware" and loaded is None:
         _check_kinds(data_dirs, strict)  # from the records alone, before any graph is traced
     measured, samples, repeats = loaded or load(data_dirs, base.model.precision_aware, log, strict,
-                                                node_labels=bool(base.node_weight))
+                                                node_labels=bool(base.node_weight), label=budget.labels)
     refit = (prior_refit(data_dirs, log, strict, budget.hardware_transfer, budget.transfer_mode, budget.depthwise_law,
                          budget.refit_as_shipped)
              if budget.refit_prior else None)
@@ -538,9 +544,9 @@ def _lofo(base, budget, measured, samples, repeats, rng, log, refit=None) -> dic
             + f"  ({seconds:.0f} s)")
     keys_of = {f: [repeat_key(s) for s in samples if s.family == f] for f in held}
     scores = {p: score_groups(errors[p], rng, budget.bootstrap) for p in errors}
-    from gnn_ptp.noise import NoiseFloor
+    from gnn_ptp.noise import floor_for
 
-    pooled = NoiseFloor(repeats)  # pooled once for every family and the whole
+    pooled = floor_for(budget.labels, repeats)  # pooled once for every family and the whole
     floors = {f: pooled.floor(keys_of[f]) for f in held}
     for p, sc in scores.items():
         for f, row in sc["per_group"].items():
@@ -609,7 +615,7 @@ def _size(base, budget, measured, samples, repeats, rng, log, refit=None) -> dic
         sc = score_groups(errors[p], rng, budget.bootstrap)
         scores[p] = {"mape": sc["mean_mape"], "ci95": sc["mean_ci95"],
                      "per_seed_mape": sc["per_seed_mean_mape"], "n": sc["per_group"]["size"]["n"]}
-    return {"predictors": scores, "noise_floor": noise_floor(test_keys, repeats), "folds": folds,
+    return {"predictors": scores, "noise_floor": noise_floor(test_keys, repeats, budget.labels), "folds": folds,
             "size_factor": SIZE_FACTOR, "ratios": _ratios(scores, budget, "mape")}
 
 
@@ -670,7 +676,7 @@ def _hardware(base, budget, measured, samples, repeats, rng, log, refit=None) ->
         pairs[f"{' + '.join(train_kinds)} -> {test_kind}"] = {
             "train_kinds": list(train_kinds), "test_kind": test_kind,
             "predictors": {p: {"mape": sc["mean_mape"], "ci95": sc["mean_ci95"]} for p, sc in scores.items()},
-            "noise_floor": noise_floor([repeat_key(s) for s in kinds[test_kind]], repeats),
+            "noise_floor": noise_floor([repeat_key(s) for s in kinds[test_kind]], repeats, budget.labels),
             "n_test": len(kinds[test_kind])}
     return {"pairs": pairs, "kinds": {k: len(v) for k, v in kinds.items()},
             "folds": sorted(records, key=lambda r: (r["test"], len(r["train"]), r["train"], r["seed"]))}
@@ -707,6 +713,8 @@ def format_result(r: dict) -> str:
     lines = [f"protocol {r['protocol']} on {', '.join(r['data'])}: {r['n_samples']} configurations, seeds "
              f"{', '.join(map(str, b['seeds']))}, epochs {b['epochs'] or r['train_config']['epochs']}, "
              f"{r['wall_s']:.0f} s"]
+    if b.get("labels", "mean") != "mean":
+        lines.append(f"labels: each configuration's {b['labels']} record; the noise floor is its split-half error")
     if r.get("prior_refitted"):
         lines.append(f"prior of {', '.join(r['prior_refitted'])}: refitted in every fold to the fold's training "
                      "configurations (kernels and steps), never to the ones it is scored on")

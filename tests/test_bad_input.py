@@ -163,6 +163,7 @@ CASES = [
     ("protocol-seeds", ["evaluate", "--protocol", "lofo", *DATA, "--seeds", "0,x"], "--seeds"),
     ("protocol-variants", ["evaluate", "--protocol", "lofo", *DATA, "--variants", "gnn,gnn-prio"], "gnn-prio"),
     ("protocol-epochs", ["evaluate", "--protocol", "size", *DATA, "--epochs", "0"], "--epochs"),
+    ("protocol-labels", ["evaluate", "--protocol", "lofo", *DATA, "--labels", "min"], "labels 'min'"),
     ("protocol-data-missing", ["evaluate", "--protocol", "lofo", "--data", "{t}/nope"], "nope"),
     # --- sweep
     ("sweep-no-trials", ["sweep", *DATA], "--trials"),

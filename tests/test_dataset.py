@@ -108,3 +108,27 @@ def test_each_group_runs_in_one_process_and_the_results_keep_the_jobs_order():
     assert all(len({next(pids) for _ in g}) == 1 for g in groups)
     # a group a forked worker refused (its parent ran autograd) runs here, every job of it
     assert list(dataset._map_in_groups(_refused_in_children, groups)) == [10 * j for j in range(8)]
+
+
+def test_fastest_labels_take_one_records_phases_and_mean_labels_average(tmp_path):
+    """Two SYNTHETIC records of one configuration (made-up times): ``label="fastest"`` takes every phase
+    from the record with the smaller step median (its phases add up to its step), ``mean`` averages each
+    phase; peak memory is the records' mean either way. An unknown statistic is refused by name."""
+    import pytest
+
+    from gnn_ptp.errors import UserError
+
+    slow, fast = _record(CONFIG, "2.11.0+cu130", None), _record(CONFIG, "2.11.0+cu130", None)
+    for r, scale, peak in ((slow, 1.5, 2e9), (fast, 1.0, 1e9)):
+        r["timing"] = {k: {**v, "median": v["median"] * scale} for k, v in r["timing"].items()}
+        r["timing"]["forward_ms"]["median"] += 0.25 * (scale > 1)  # the slow record's phases differ in shape
+        r["memory"] = {"peak_bytes": peak}
+    folder = tmp_path / "h100"
+    _write(folder, [slow, fast])
+    (fastest,) = dataset.measured_configs(folder, label="fastest")
+    (mean,) = dataset.measured_configs(folder)
+    assert fastest.ms == {"forward_ms": 1.0, "backward_ms": 2.0, "optimizer_ms": 0.5, "step_ms": 3.5}
+    assert mean.ms["forward_ms"] == pytest.approx((1.0 + 1.75) / 2) and mean.ms["step_ms"] == pytest.approx(4.375)
+    assert fastest.peak_bytes == mean.peak_bytes == 1.5e9 and fastest.n_records == 2
+    with pytest.raises(UserError, match="labels 'min'.*mean, fastest"):
+        dataset.measured_configs(folder, label="min")

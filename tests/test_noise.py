@@ -59,3 +59,27 @@ def test_a_configuration_measured_more_often_has_a_lower_floor():
     assert nf.sigma(("h", "b")) == nf.sigma(("h", "c"))  # same neighbours: same per-measurement noise
     assert nf.floor([("h", "b")]) == pytest.approx(nf.floor([("h", "c")]) / 2)
     assert nf.floor([("h", "missing")]) is None
+
+
+def test_fastest_floor_is_the_split_half_error_of_fastest_record_labels():
+    """SYNTHETIC one-sided noise (a quiet machine's step times 100 ms, each record slowed by an exponential
+    interference of mean 20 %), six records per configuration: the fastest record is the steadier label (its
+    split-half gap smaller than the mean's), and ``FastestFloor`` is that gap / sqrt(2), pooled."""
+    from gnn_ptp.noise import FastestFloor, floor_for, split_half_fastest
+
+    rng = np.random.default_rng(3)
+    repeats = {("cpu", f"k{i}"): list(100.0 * (1 + rng.exponential(0.2, 6))) for i in range(300)}
+    gaps = [split_half_fastest(v) for v in repeats.values()]
+    mean_gaps = []
+    for v in repeats.values():
+        order = np.random.default_rng(0).permutation(6)
+        mean_gaps.append(abs(np.mean(np.array(v)[order[:3]]) / np.mean(np.array(v)[order[3:]]) - 1))
+    assert np.mean(gaps) < 0.8 * np.mean(mean_gaps)
+    floor = FastestFloor(repeats).floor(list(repeats))
+    assert floor == pytest.approx(np.mean(gaps) / math.sqrt(2) * 100, rel=0.1)
+    assert isinstance(floor_for("fastest", repeats), FastestFloor)
+    assert type(floor_for("mean", repeats)) is NoiseFloor
+    assert split_half_fastest([100.0, 101.0, 102.0]) is None  # three records: no two halves of two
+    # a configuration measured fewer times takes its neighbours' estimate
+    repeats[("cpu", "once")] = [110.0]
+    assert FastestFloor(repeats).floor([("cpu", "once")]) is not None

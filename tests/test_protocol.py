@@ -472,7 +472,8 @@ def test_the_h200_protocol_config_is_the_shipped_h200_config_without_its_split()
 
 @pytest.mark.parametrize("flags, named", [(["--shipped-prior"], "--shipped-prior"),
                                           (["--epochs", "3", "--seeds", "0,1"], "--epochs, --seeds"),
-                                          (["--no-depthwise-law"], "--no-depthwise-law")])
+                                          (["--no-depthwise-law"], "--no-depthwise-law"),
+                                          (["--labels", "fastest"], "--labels")])
 def test_protocol_options_without_protocol_are_one_clear_error(flags, named, capsys):
     """Options only a --protocol run reads are refused on a checkpoint evaluation, not silently ignored."""
     code = cli.main(["evaluate", "--checkpoint", "checkpoints/cpu", "--data", "datasets/cpu", *flags])
@@ -525,3 +526,32 @@ def test_transfer_prior_scores_pairs_only_from_kinds_with_their_own_fitted_secti
     assert f"amd-epyc -> {slow}" in out and f"{slow} -> amd-epyc" not in out
     assert "NOT its own steps: no pair from it is scored" in out
     assert "MAPE per precision class" in out
+
+
+def test_fastest_labels_reach_the_folds_and_the_noise_floor_follows(synthetic_dir):
+    """Three more SYNTHETIC passes of every configuration, 1.2x, 1.5x and 1.3x slower (a host slowed by
+    interference): ``labels="fastest"`` scores against the first pass's times, ``mean`` against the four
+    passes' mean, and the noise floor is the split-half one (``noise.FastestFloor``), not the Gaussian one."""
+    from gnn_ptp import noise
+
+    first = [json.loads(line) for line in (synthetic_dir / "synthetic.jsonl").read_text().splitlines()]
+    truth = {r["key"]: r["timing"]["step_ms"]["median"] for r in first}
+    for i, factor in enumerate((1.2, 1.5, 1.3)):
+        for r in first:
+            slower = {**r, "timing": {k: {**v, "median": v["median"] * factor} for k, v in r["timing"].items()}}
+            records.append_record(slower, synthetic_dir, f"pass-{i + 2}.jsonl")
+    budget = dataclasses.replace(BUDGET, seeds=(0,), families=(FAMILIES[0],), variants=("gnn",), bootstrap=10)
+    got = {}
+    for label in ("fastest", "mean"):
+        r = protocol.run("lofo", synthetic_dir, TINY, dataclasses.replace(budget, labels=label), log=lambda _: None)
+        (fold,) = r["folds"]
+        got[label] = dict(zip(fold["keys"], fold["true_ms"]))
+        assert r["budget"]["labels"] == label
+        _, _, repeats = protocol.load([synthetic_dir])
+        assert r["noise_floor"] == pytest.approx(noise.floor_for(label, repeats).floor(
+            [k for k in repeats if k[1] in got[label]]))
+    for key, ms in got["fastest"].items():
+        assert ms == pytest.approx(truth[key], rel=1e-3)
+        assert got["mean"][key] == pytest.approx(truth[key] * 5.0 / 4, rel=1e-3)
+    with pytest.raises(UserError, match="protocol labels 'min': allowed: mean, fastest"):
+        protocol.Budget(labels="min")
