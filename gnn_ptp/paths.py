@@ -6,6 +6,7 @@ file it must not overwrite) refuses at once, with one line naming the option and
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 from gnn_ptp.errors import UserError
@@ -22,6 +23,13 @@ def _writable_parent(path: Path, what: str) -> None:
         raise UserError(f"{what} {str(path)!r}: {str(parent)!r} is a file, not a folder")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise UserError(f"{what} {str(path)!r}: no permission to write in {str(parent)!r}")
+    try:  # permission bits do not tell everything (root on /proc, a read-only mount): create and remove one
+        fd, probe = tempfile.mkstemp(dir=parent, prefix=".gnn-ptp-probe.", suffix=".tmp")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise UserError(f"{what} {str(path)!r}: cannot create a file in {str(parent)!r} "
+                        f"({e.strerror or e})") from None
 
 
 def check_output_file(path: str | os.PathLike, what: str, overwrite: bool = False,

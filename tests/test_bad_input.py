@@ -100,6 +100,8 @@ CASES = [
     ("graph-py-syntax-error", ["graph", "py:{t}/syntax_error.py:make"], "syntax_error.py:1"),
     ("graph-out-folder", ["graph", "hf:gpt2", "--out", "{t}/empty"], "--out"),
     ("graph-out-under-file", ["graph", "hf:gpt2", "--out", "{t}/a_file/g.pt"], "a_file"),
+    # a folder no file can be created in, whatever its permission bits say (root passes them on /proc)
+    ("graph-out-proc", ["graph", "hf:gpt2", "--out", "/proc/g.pt"], "'/proc/g.pt'"),
     # --- collect (argparse and grid checks; the collector itself is tested in test_collect.py)
     ("collect-no-grid", ["collect", "--out", "{t}/o"], "--grid"),
     ("collect-no-out", ["collect", "--grid", "{t}/grid.toml"], "--out"),
