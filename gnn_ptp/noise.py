@@ -50,11 +50,16 @@ class NoiseFloor:
         self.neighbours = neighbours
         pooled: dict = defaultdict(list)
         for key, values in repeats.items():
-            sd = relative_sd(values)
+            sd = self.estimate(values)
             if sd is not None:
                 pooled[_hardware(key)].append((math.log(float(np.mean(values))), sd))
         self.pooled = {hw: (np.array([p[0] for p in rows]), np.array([p[1] for p in rows]))
                        for hw, rows in pooled.items()}
+
+    @staticmethod
+    def estimate(values) -> float | None:
+        """One repeated configuration's noise estimate, pooled by ``sigma``: its relative sd."""
+        return relative_sd(values)
 
     def sigma(self, key) -> float | None:
         """The per-measurement relative sd of this configuration's labels: the mean estimate of the
@@ -114,16 +119,11 @@ class FastestFloor(NoiseFloor):
     hardware nearest in step time. Each half holds half the records, so this is an upper estimate of the
     error of a label from all of them."""
 
-    def __init__(self, repeats: dict, neighbours: int = NEIGHBOURS):
-        self.repeats = repeats
-        self.neighbours = neighbours
-        pooled: dict = defaultdict(list)
-        for key, values in repeats.items():
-            gap = split_half_fastest(values)
-            if gap is not None:
-                pooled[_hardware(key)].append((math.log(float(np.mean(values))), gap / math.sqrt(2.0)))
-        self.pooled = {hw: (np.array([p[0] for p in rows]), np.array([p[1] for p in rows]))
-                       for hw, rows in pooled.items()}
+    @staticmethod
+    def estimate(values) -> float | None:
+        """One configuration's half-label error: its split-half gap / sqrt(2)."""
+        gap = split_half_fastest(values)
+        return None if gap is None else gap / math.sqrt(2.0)
 
     def floor(self, keys) -> float | None:
         """The label noise floor (%) of these configurations: the mean of their pooled half-label errors."""
