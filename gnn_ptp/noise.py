@@ -73,13 +73,16 @@ class NoiseFloor:
         nearest = np.argsort(np.abs(log_ms - math.log(float(np.mean(values)))), kind="stable")[:self.neighbours]
         return float(sds[nearest].mean())
 
+    @staticmethod
+    def label_error(sigma: float, n: int) -> float:
+        """A label's expected relative error from its pooled ``sigma`` and its ``n`` measurements: the mean
+        of n Gaussian ones is off by sqrt(2/pi) x sigma / sqrt(n)."""
+        return math.sqrt(2.0 / math.pi) * sigma / math.sqrt(n)
+
     def floor(self, keys) -> float | None:
-        """The label noise floor (%) of these configurations: mean of sqrt(2/pi) x sigma / sqrt(n)."""
-        floors = []
-        for k in keys:
-            sd = self.sigma(k)
-            if sd is not None:
-                floors.append(math.sqrt(2.0 / math.pi) * sd / math.sqrt(len(self.repeats[k])) * 100.0)
+        """The label noise floor (%) of these configurations: the mean of their ``label_error``."""
+        floors = [self.label_error(sd, len(self.repeats[k])) * 100.0
+                  for k, sd in ((k, self.sigma(k)) for k in keys) if sd is not None]
         return float(np.mean(floors)) if floors else None
 
 
@@ -125,10 +128,10 @@ class FastestFloor(NoiseFloor):
         gap = split_half_fastest(values)
         return None if gap is None else gap / math.sqrt(2.0)
 
-    def floor(self, keys) -> float | None:
-        """The label noise floor (%) of these configurations: the mean of their pooled half-label errors."""
-        floors = [sd * 100.0 for sd in (self.sigma(k) for k in keys) if sd is not None]
-        return float(np.mean(floors)) if floors else None
+    @staticmethod
+    def label_error(sigma: float, n: int) -> float:
+        """The pooled half-label error itself, whatever ``n`` (a minimum does not shrink as 1 / sqrt(n))."""
+        return sigma
 
 
 def floor_for(label: str, repeats: dict, neighbours: int = NEIGHBOURS) -> NoiseFloor:
