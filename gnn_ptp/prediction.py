@@ -631,8 +631,12 @@ def predict_many(spec: str, precisions: list[str], batch_size: int, seq_len: int
         if sharded is not None:
             pred.comm_total_ms, pred.fabric = sharded.comm_total_ms, profile.level(gpus, nodes).name
         if analytic:
-            pred.source, pred.expected_error = "analytic-prior", meta["expected_error"]
-            pred.warnings.insert(0, analytic_warning(hw_name, meta))
+            err = dict(meta["expected_error"])
+            this = _model_error(meta, info["family"], tensors)
+            if this is not None:
+                err["this_model"] = this
+            pred.source, pred.expected_error = "analytic-prior", err
+            pred.warnings.insert(0, analytic_warning(hw_name, meta, this))
         if ddp is not None:
             pred.comm_total_ms, pred.allreduce_buckets, pred.fabric = ddp.total_ms, ddp.buckets, ddp.fabric
         if log_node_ms is not None:
@@ -741,7 +745,8 @@ def _cpu_analytic(cpu_kind: str | None):
                            "(a prior moved between CPU kinds was 12.7-24.4 % off between the three kinds with a "
                            "fast bf16 path and 72.7 % onto one without, README *Protocol*)")}
     meta = {"hardware": "cpu", "trace_target": "cpu", "source": "analytic-prior", "expected_error": err,
-            "requested": True, "precisions": list(CPU_ANALYTIC_PRECISIONS), "cpu_kind": name}
+            "requested": True, "precisions": list(CPU_ANALYTIC_PRECISIONS), "cpu_kind": name,
+            "section": desc.curves_section() if desc.steps_fitted_on() == name else None}
     return None, AnalyticModel(profile), meta
 
 
@@ -786,11 +791,24 @@ def _model_for(hardware: str, checkpoint: str | Path | None, analytic: bool = Fa
     return path, *_load_checkpoint(path)
 
 
-def analytic_warning(hardware: str, meta: dict) -> str:
+def _model_error(meta: dict, family: str, tensors: dict) -> dict | None:
+    """The analytic prior's expected error for this model (``prior.model_error``): its family's figure left
+    out of the fit, or its kind's; None where the prior's section has no per-family figures (a CPU kind
+    priced by another kind's prior moved onto it)."""
+    if not meta.get("section"):
+        return None
+    from gnn_ptp import prior
+
+    return prior.model_error(meta["section"], family, prior.conv_flops_share(tensors["x"], tensors["x_cat"]))
+
+
+def analytic_warning(hardware: str, meta: dict, this_model: dict | None = None) -> str:
     if meta.get("cpu_kind"):
         hardware = f"{hardware} (kind {meta['cpu_kind']})"
     err = meta.get("expected_error") or {}
     how = f"expected error {err['summary']}" if err.get("summary") else "expected error unknown"
+    if this_model:
+        how += f"; for {this_model['text']}"
     prior_alone = ("the calibrated physical prior alone (per-kernel roofline with fitted efficiency curves and a "
                    "host launch queue)")
     if meta.get("requested"):  # --analytic, although a checkpoint may be shipped

@@ -1001,6 +1001,46 @@ def expected_error_on(hardware: str, profile: Profile) -> dict:
     return err
 
 
+CONV_FAMILIES = ("convnext", "densenet", "efficientnet", "mobilenet", "random-cnn", "regnet", "resnet", "vgg")
+"""The fitted families that spend most of their GEMM-like FLOPs in convolutions (``model_error``'s groups)."""
+
+
+def conv_flops_share(x: torch.Tensor, x_cat: torch.Tensor) -> float:
+    """The share of a graph's GEMM-like FLOPs (matmul, convolution, attention) that are convolutions' (0
+    where it has none)."""
+    flops = _unlog(x[:, 0].double())
+    category = x_cat[:, 1]
+    gemm = torch.isin(category, torch.tensor([ops.CATEGORIES.index(c) for c in ops.TENSOR_CORE_CATEGORIES]))
+    total = float(flops[gemm].sum())
+    return float(flops[category == ops.CATEGORIES.index("conv")].sum()) / total if total > 0 else 0.0
+
+
+def model_error(section: str, family: str, conv_share: float) -> dict | None:
+    """The expected error of the prior for one model, from ``section``'s leave-one-family-out step errors
+    (``errors.lofo.by_family``, written by ``benchmarks/calibrate_prior.py --lofo``): its own family's where
+    the fit knows the family (each family was scored by a fit that never saw it), else the spread of the
+    families of its kind, convolutional (``CONV_FAMILIES``) where at least half of its GEMM-like FLOPs are
+    convolutions', the others otherwise. None where the section has no such figures."""
+    by_family = ((calibration().get(section) or {}).get("errors") or {}).get("lofo", {}).get("by_family") or {}
+    if not by_family:
+        return None
+    if family in by_family:
+        row = by_family[family]
+        return {"basis": "family", "family": family, "mape": row["mape"], "median_ape": row["median_ape"],
+                "n": row["n"], "text": f"this model's family ({family}), left out of the fit: {row['mape']:.0f} % "
+                                      f"(median {row['median_ape']:.0f} %, {row['n']} steps)"}
+    conv = conv_share >= 0.5
+    kin = {f: r["mape"] for f, r in by_family.items() if (f in CONV_FAMILIES) == conv}
+    if not kin:
+        return None
+    what = "most GEMM FLOPs in convolutions" if conv else "most GEMM FLOPs in matmuls and attention"
+    low, high, mean = min(kin.values()), max(kin.values()), sum(kin.values()) / len(kin)
+    return {"basis": "kin", "family": family, "conv_flops_share": conv_share, "families": sorted(kin),
+            "mape": mean, "mape_range": [low, high],
+            "text": f"models like this one ({what}): {len(kin)} such families, each left out of the fit, "
+                    f"{low:.0f}-{high:.0f} % (mean {mean:.0f} %)"}
+
+
 def analytic_model(hardware: str) -> tuple[AnalyticModel, dict] | None:
     """(model, meta) answering for ``hardware`` from the calibrated prior, or None where it has none."""
     if hardware not in ANALYTIC_HARDWARE or hardware not in HARDWARE:
@@ -1009,5 +1049,5 @@ def analytic_model(hardware: str) -> tuple[AnalyticModel, dict] | None:
     if not profile.gemm:  # no calibration shipped
         return None
     meta = {"hardware": hardware, "trace_target": "cuda", "source": "analytic-prior",
-            "expected_error": expected_error_on(hardware, profile)}
+            "expected_error": expected_error_on(hardware, profile), "section": section_for(hardware, calibration())}
     return AnalyticModel(profile), meta

@@ -322,6 +322,55 @@ def test_predict_analytic_on_a_cpu_kind_answers_from_that_kind_s_own_prior():
         predict_mod.predict_many(MLP, ["fp32"], 8, hardware="cpu", analytic=True, cpu_kind="nope")
 
 
+def _graph(categories_flops: list[tuple[str, float]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Synthetic node tensors: one node per (category, FLOPs)."""
+    x = torch.zeros(len(categories_flops), NODE_FEATURES)
+    x[:, 0] = torch.log2(1 + torch.tensor([f for _, f in categories_flops], dtype=torch.float64)).float()
+    x_cat = torch.zeros(len(categories_flops), 4, dtype=torch.long)
+    x_cat[:, 1] = torch.tensor([ops.CATEGORIES.index(c) for c, _ in categories_flops])
+    return x, x_cat
+
+
+def test_conv_flops_share_counts_convolutions_among_gemm_like_kernels_only():
+    x, x_cat = _graph([("conv", 3e9), ("matmul", 1e9), ("elementwise", 50e9)])
+    assert prior.conv_flops_share(x, x_cat) == pytest.approx(0.75, rel=1e-4)
+    x, x_cat = _graph([("elementwise", 1e6)])
+    assert prior.conv_flops_share(x, x_cat) == 0.0
+
+
+def test_model_error_is_the_family_s_own_left_out_figure_else_its_kind_s_spread(monkeypatch):
+    """Synthetic per-family figures: a fitted family gets its own; an unknown one the spread of the families
+    of its kind (convolutional by FLOPs share, or not); a section without per-family figures gives None."""
+    by_family = {"resnet": {"mape": 20.0, "median_ape": 15.0, "n": 9}, "vgg": {"mape": 10.0, "median_ape": 8.0, "n": 6},
+                 "gpt2": {"mape": 12.0, "median_ape": 7.0, "n": 30}, "bert": {"mape": 6.0, "median_ape": 5.0, "n": 3}}
+    monkeypatch.setattr(prior, "calibration", lambda: {"s": {"errors": {"lofo": {"by_family": by_family}}}, "bare": {}})
+    own = prior.model_error("s", "gpt2", 0.9)  # its family's figure, whatever its FLOPs
+    assert own["basis"] == "family" and own["mape"] == 12.0 and "(gpt2)" in own["text"] and "12 %" in own["text"]
+    conv = prior.model_error("s", "custom-net", 0.6)
+    assert conv["basis"] == "kin" and conv["families"] == ["resnet", "vgg"] and conv["mape_range"] == [10.0, 20.0]
+    assert conv["mape"] == pytest.approx(15.0) and "10-20 % (mean 15 %)" in conv["text"]
+    other = prior.model_error("s", "custom-net", 0.4)
+    assert other["families"] == ["bert", "gpt2"] and other["mape"] == pytest.approx(9.0)
+    assert prior.model_error("bare", "gpt2", 0.0) is None and prior.model_error("missing", "gpt2", 0.0) is None
+
+
+def test_an_analytic_prediction_names_its_family_s_expected_error(no_h100_checkpoint, capsys):
+    """The shipped h100 section's own per-family figure (left out of the fit) reaches the JSON and the
+    warning line; a custom model gets its kind's spread."""
+    spec, sets = GPT2
+    args = ["predict", spec, *[a for s in sets for a in ("--set", s)], "--batch-size", "2", "--seq-len", "32",
+            "--precision", "bf16", "--json"]
+    assert cli.main(args) == 0
+    row = json.loads(capsys.readouterr().out)
+    want = prior.calibration()["h100"]["errors"]["lofo"]["by_family"]["gpt2"]["mape"]
+    this = row["expected_error"]["this_model"]
+    assert this["basis"] == "family" and this["family"] == "gpt2" and this["mape"] == want
+    assert any(w.startswith("ANALYTIC ESTIMATE") and w.endswith(this["text"]) for w in row["warnings"])
+    [mlp] = predict_mod.predict_many(MLP, ["bf16"], 8, use_disk_cache=False)
+    kin = mlp.expected_error["this_model"]
+    assert kin["basis"] == "kin" and "resnet" not in kin["families"] and "gpt2" in kin["families"]
+
+
 def test_expected_error_names_the_gpu_it_was_not_measured_on():
     from gnn_ptp import prior
 
