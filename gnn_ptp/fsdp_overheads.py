@@ -143,7 +143,6 @@ def _fresh_extra_ms(nbytes: int, agree, reps: int = 9) -> float:
         dist.barrier()
     fresh = timed(lambda: torch.empty(numel).fill_(1.0))
     plain = timed(lambda: reused.fill_(1.0))
-    del reused
     return agree({"extra": fresh - plain})["extra"]
 
 
@@ -207,7 +206,7 @@ def fit(rows: list[dict], profile, gpus: int, fresh: dict | None = None) -> dict
                             fresh_ms_per_MiB=fresh.get("ms_per_MiB", 0.0))
 
     slowdown = profile.compute_slowdown(gpus)
-    fabric = profile.level(gpus)
+    profile.level(gpus)  # a world size the interconnect cannot hold is refused here
     sums = {"forward": [0.0, 0.0], "backward": [0.0, 0.0], "optimizer": [0.0, 0.0]}
     residuals = []
     for r in rows:
