@@ -27,6 +27,15 @@ linear layer's forward is ``nt``, its input gradient ``nn``, its weight gradient
 of the matched kernel time and the prior's sum over the measured one, over every family and per family,
 beside all layouts together. A prior that prices each layout off but their sum right errs per kernel and
 not per step.
+
+    python benchmarks/prior_error_sources.py --data datasets/cpu-amd-epyc-family-26-model-2 --size-fold 0
+
+decomposes the size protocol's fold instead (``evaluate --protocol size``, the seed's split): the kind's
+prior refitted to the fold's training half as the protocol refits it (``protocol.prior_refit`` with the
+shipped section's options, fastest-record labels with ``--labels fastest``), then the test steps (>= 4x the
+training half's largest) priced both ways; and the dense convolutions and matmuls of the training half and
+of the test steps by FLOPs decade: their achieved rate and the refitted prior's sum over the measured one.
+Where the measured-kernels column is far below the prior's, the size error is the curves' extrapolation.
 """
 
 from __future__ import annotations
@@ -157,6 +166,49 @@ def print_layouts(sums: dict, total_s: float) -> None:
             f"{w[-1]} {lay} x{p / m:.2f} ({m / m_all * 100:.0f}%)" for (w, lay), (m, p) in each if m / m_all >= 0.02))
 
 
+def size_fold(data: str, seed: int, labels: str = "mean") -> None:
+    """The size protocol's fold of ``seed`` on ``data``: the prior refitted to its training half as the
+    protocol does, its test steps decomposed (``print_tables``), and the GEMM-like kernels by FLOPs decade."""
+    from gnn_ptp import protocol
+    from gnn_ptp.hardware import get_hardware
+
+    quiet = lambda _: None  # noqa: E731
+    _, samples, _ = protocol.load([data], True, quiet, label=labels)
+    refit = protocol.prior_refit([data], quiet, as_shipped=True)
+    if refit is None:
+        raise SystemExit(f"{data}: no per-op profiles, nothing to decompose")
+    parts = protocol.size_split(samples, seed)
+    top = parts.pop("train_max_flops")
+    name = samples[0].hardware_name
+    desc = refit.descriptors[name]
+    hw = desc.profile().hardware if desc.kind == "cpu" else get_hardware(name)
+    fit_on = parts["train"] + parts["val"]
+    _, profile, _ = prior_fit.fit(fit_on, refit.seconds[name], hw, max_rows=refit.max_rows,
+                                  fresh=desc.fresh() if desc.kind == "cpu" else None,
+                                  depthwise=refit.depthwise_law and hw.kind == "cpu", **refit.options.get(name, {}))
+    print(f"{data}: size fold seed {seed} ({labels} labels): the prior refitted to {len(fit_on)} steps "
+          f"(<= {top:.3g} FLOPs), {len(parts['test'])} test steps (>= {protocol.SIZE_FACTOR:g}x)\n")
+    print_tables(decompose(parts["test"], refit.seconds[name], profile))
+    print("\ndense convolutions and matmuls by FLOPs decade: achieved GFLOP/s, refitted prior / measured (sum)")
+    for label, part in (("train", fit_on), ("test", parts["test"])):
+        rows = prior_fit.kernel_rows(part, refit.seconds[name])
+        predicted = prior_fit._prior_seconds(rows, profile).numpy()
+        flops, seconds = rows.flops.numpy(), rows.seconds.numpy()
+        dense = np.ones(len(rows), dtype=bool) if rows.depthwise is None else torch.isnan(rows.depthwise[:, 0]).numpy()
+        for category in ("conv", "matmul"):
+            for dtype in sorted(set(rows.dtype)):
+                pick = dense & np.array([c == category and d == dtype for c, d in zip(rows.category, rows.dtype)])
+                decade = np.floor(np.log10(np.maximum(flops, 1.0)))
+                cells = []
+                for e in sorted(set(decade[pick])):
+                    m = pick & (decade == e)
+                    if m.sum() >= 3:
+                        cells.append(f"1e{int(e)} {flops[m].sum() / seconds[m].sum() / 1e9:.0f} "
+                                     f"x{predicted[m].sum() / seconds[m].sum():.2f} (n {int(m.sum())})")
+                if cells:
+                    print(f"  {label:<5} {category:<6} {dtype:<5} " + ", ".join(cells))
+
+
 def kind_profile(data, hw) -> prior.Profile:
     """The prior of the hardware kind ``data``'s records were measured on: a CPU kind's own section (its
     descriptor's, e.g. ``cpu-amd-epyc-family-26-model-2``), not the reference CPU's that the ``cpu``
@@ -174,7 +226,14 @@ def main() -> None:
     ap.add_argument("--data", default="datasets/h200")
     ap.add_argument("--gemm-layouts", action="store_true",
                     help="also the matmuls by dtype, phase and operand layout, over all families and per family")
+    ap.add_argument("--size-fold", type=int, metavar="SEED",
+                    help="decompose the size protocol's fold of this seed (the prior refitted to its training half)")
+    ap.add_argument("--labels", default="mean", choices=("mean", "fastest"),
+                    help="with --size-fold: how repeated configurations are labelled (evaluate --labels)")
     args = ap.parse_args()
+    if args.size_fold is not None:
+        size_fold(args.data, args.size_fold, args.labels)
+        return
     hw, samples, node_seconds = prior_fit.load_profiled(args.data)
     profile = kind_profile(args.data, hw)
     rows = decompose(samples, node_seconds, profile)
