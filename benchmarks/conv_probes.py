@@ -1,0 +1,52 @@
+"""Convolution microbenchmarks on this CPU, one thread (README *Protocol*, where the size error sits).
+
+    taskset -c 1 python benchmarks/conv_probes.py OUT.json
+
+The forward and the backward (input and weight gradients) of one dense convolution per shape (batch 8,
+32-512 channels, 1x1 and 3x3, 7-56 pixels a side; 1e7-4e9 forward FLOPs), fp32 and bf16: the median of 15
+calls after two warm-up calls, best of three such medians. Prints each shape's rates, writes the times.
+"""
+import json
+import platform
+import statistics
+import sys
+import time
+from datetime import datetime, timezone
+import torch
+import torch.nn.functional as F
+torch.set_num_threads(1)
+
+def med(fn, n=15):
+    fn(); fn()
+    best = 1e9
+    for _ in range(3):
+        ts = []
+        for _ in range(n):
+            t = time.perf_counter(); fn(); ts.append(time.perf_counter() - t)
+        best = min(best, statistics.median(ts))
+    return best
+
+rows = []
+for dt, prec in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
+    for c in (32, 64, 128, 256, 512):
+        for k in (1, 3):
+            for h in (7, 14, 28, 56):
+                flops = 2 * 8 * c * h * h * c * k * k
+                if flops < 1e7 or flops > 4e9:
+                    continue
+                x = torch.randn(8, c, h, h, dtype=dt)
+                w = torch.randn(c, c, k, k, dtype=dt)
+                y = F.conv2d(x, w, padding=k // 2)
+                g = torch.randn_like(y)
+                fwd = med(lambda: F.conv2d(x, w, padding=k // 2))
+                bwd = med(lambda: torch.ops.aten.convolution_backward(g, x, w, None, [1, 1], [k // 2] * 2, [1, 1],
+                                                                      False, [0, 0], 1, [True, True, False]))
+                rows.append({"precision": prec, "c": c, "k": k, "image_size": h, "batch_size": 8,
+                             "forward_s": fwd, "backward_s": bwd, "forward_flops": flops})
+                print(prec, c, k, h, f"fwd {flops/fwd/1e9:.0f} GFLOP/s bwd {2*flops/bwd/1e9:.0f}", flush=True)
+info = dict(line.split(":", 1) for line in open("/proc/cpuinfo").read().split("\n\n")[0].splitlines() if ":" in line)
+info = {k.strip(): v.strip() for k, v in info.items()}
+env = {"cpu_model": info.get("model name"), "cpu_family": info.get("cpu family"), "cpu_model_number": info.get("model"),
+       "torch": torch.__version__, "threads": 1, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+       "python": platform.python_version()}
+json.dump({"env": env, "rows": rows}, open(sys.argv[1], "w"), indent=1)
