@@ -12,19 +12,31 @@ import statistics
 import sys
 import time
 from datetime import datetime, timezone
+from pathlib import Path
+
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from gnn_ptp.descriptor import cpu_model  # noqa: E402
+
 torch.set_num_threads(1)
 
+
 def med(fn, n=15):
-    fn(); fn()
+    """Best of three medians of ``n`` timed calls, after two warm-up calls."""
+    fn()
+    fn()
     best = 1e9
     for _ in range(3):
         ts = []
         for _ in range(n):
-            t = time.perf_counter(); fn(); ts.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t)
         best = min(best, statistics.median(ts))
     return best
+
 
 rows = []
 for dt, prec in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
@@ -44,9 +56,6 @@ for dt, prec in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
                 rows.append({"precision": prec, "c": c, "k": k, "image_size": h, "batch_size": 8,
                              "forward_s": fwd, "backward_s": bwd, "forward_flops": flops})
                 print(prec, c, k, h, f"fwd {flops/fwd/1e9:.0f} GFLOP/s bwd {2*flops/bwd/1e9:.0f}", flush=True)
-info = dict(line.split(":", 1) for line in open("/proc/cpuinfo").read().split("\n\n")[0].splitlines() if ":" in line)
-info = {k.strip(): v.strip() for k, v in info.items()}
-env = {"cpu_model": info.get("model name"), "cpu_family": info.get("cpu family"), "cpu_model_number": info.get("model"),
-       "torch": torch.__version__, "threads": 1, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+env = {"cpu_kind": cpu_model(), "torch": torch.__version__, "threads": 1, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
        "python": platform.python_version()}
 json.dump({"env": env, "rows": rows}, open(sys.argv[1], "w"), indent=1)

@@ -170,7 +170,6 @@ def size_fold(data: str, seed: int, labels: str = "mean") -> None:
     """The size protocol's fold of ``seed`` on ``data``: the prior refitted to its training half as the
     protocol does, its test steps decomposed (``print_tables``), and the GEMM-like kernels by FLOPs decade."""
     from gnn_ptp import protocol
-    from gnn_ptp.hardware import get_hardware
 
     quiet = lambda _: None  # noqa: E731
     _, samples, _ = protocol.load([data], True, quiet, label=labels)
@@ -180,12 +179,8 @@ def size_fold(data: str, seed: int, labels: str = "mean") -> None:
     parts = protocol.size_split(samples, seed)
     top = parts.pop("train_max_flops")
     name = samples[0].hardware_name
-    desc = refit.descriptors[name]
-    hw = desc.profile().hardware if desc.kind == "cpu" else get_hardware(name)
     fit_on = parts["train"] + parts["val"]
-    _, profile, _ = prior_fit.fit(fit_on, refit.seconds[name], hw, max_rows=refit.max_rows,
-                                  fresh=desc.fresh() if desc.kind == "cpu" else None,
-                                  depthwise=refit.depthwise_law and hw.kind == "cpu", **refit.options.get(name, {}))
+    profile = refit.fit(name, fit_on)
     print(f"{data}: size fold seed {seed} ({labels} labels): the prior refitted to {len(fit_on)} steps "
           f"(<= {top:.3g} FLOPs), {len(parts['test'])} test steps (>= {protocol.SIZE_FACTOR:g}x)\n")
     print_tables(decompose(parts["test"], refit.seconds[name], profile))
@@ -195,10 +190,10 @@ def size_fold(data: str, seed: int, labels: str = "mean") -> None:
         predicted = prior_fit._prior_seconds(rows, profile).numpy()
         flops, seconds = rows.flops.numpy(), rows.seconds.numpy()
         dense = np.ones(len(rows), dtype=bool) if rows.depthwise is None else torch.isnan(rows.depthwise[:, 0]).numpy()
+        decade = np.floor(np.log10(np.maximum(flops, 1.0)))
         for category in ("conv", "matmul"):
             for dtype in sorted(set(rows.dtype)):
                 pick = dense & np.array([c == category and d == dtype for c, d in zip(rows.category, rows.dtype)])
-                decade = np.floor(np.log10(np.maximum(flops, 1.0)))
                 cells = []
                 for e in sorted(set(decade[pick])):
                     m = pick & (decade == e)

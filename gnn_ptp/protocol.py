@@ -248,22 +248,16 @@ class PriorRefit:
         hardware name what priced it: the steps fitted on and the seconds it took, the kind transferred
         from, or the section."""
         from gnn_ptp import descriptor
-        from gnn_ptp.hardware import get_hardware
 
         fit_on = parts["train"] + parts["val"]
         trained = {s.hardware_name for s in fit_on}
         info, fitted = {}, {}
-        for name, seconds in self.seconds.items():
+        for name in self.seconds:
             own = [s for s in fit_on if s.hardware_name == name]
             if not own:
                 continue
             tick = time.perf_counter()
-            desc = self.descriptors.get(name)
-            hw = desc.profile().hardware if desc is not None and desc.kind == "cpu" else get_hardware(name)
-            fresh = desc.fresh() if desc is not None else None  # a CPU kind's measured page-fault cost
-            _, fitted[name], _ = prior_fit.fit(own, seconds, hw, max_rows=self.max_rows, fresh=fresh,
-                                               depthwise=self.depthwise_law and hw.kind == "cpu",
-                                               **self.options.get(name, {}))
+            fitted[name] = self.fit(name, own)
             self._price(parts, name, fitted[name])
             info[name] = {"fit_steps": len(own), "fit_s": round(time.perf_counter() - tick, 1)}
         tested = {s.hardware_name for s in parts["test"]} - trained
@@ -285,6 +279,18 @@ class PriorRefit:
             else:  # shipped (a kind trained on without profiles); re-priced, as an earlier fold may have moved it
                 self._price(parts, name, desc.profile())
         return info
+
+    def fit(self, name: str, samples: list):
+        """``name``'s prior (``prior.Profile``: kernel curves, then host costs) fitted to ``samples`` of it, as
+        every fold refits it: its hardware (a CPU kind's descriptor's), its measured fresh-allocation cost,
+        the depthwise law on a CPU and its section's curve options."""
+        from gnn_ptp.hardware import get_hardware
+
+        desc = self.descriptors.get(name)
+        hw = desc.profile().hardware if desc is not None and desc.kind == "cpu" else get_hardware(name)
+        fresh = desc.fresh() if desc is not None else None  # a CPU kind's measured page-fault cost
+        return prior_fit.fit(samples, self.seconds[name], hw, max_rows=self.max_rows, fresh=fresh,
+                             depthwise=self.depthwise_law and hw.kind == "cpu", **self.options.get(name, {}))[1]
 
     @staticmethod
     def _price(parts: dict, name: str, *profiles) -> None:
