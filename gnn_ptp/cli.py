@@ -306,7 +306,7 @@ def run_train(args) -> int:
 PROTOCOL_ONLY = {"config": None, "epochs": None, "patience": None, "families": None, "seeds": "0",
                  "variants": "gnn,gnn-prior", "threads": None, "bootstrap": 2000, "shipped_prior": False,
                  "jobs": 1, "hardware_folds": "all", "hardware_test": None, "hardware_transfer": "nearest",
-                 "transfer_mode": "split", "no_depthwise_law": False, "refit_per_category": False,
+                 "transfer_mode": "split", "no_depthwise_law": False, "refit_per_category": False, "slow_conv_law": None,
                  "labels": "mean"}
 """``evaluate``'s options that only a --protocol run reads, with their defaults."""
 
@@ -358,6 +358,11 @@ def add_evaluate_parser(sub) -> None:
                    help="CPU data with per-op profiles: the prior refitted in every fold prices depthwise "
                         "convolutions by its FLOPs curves, as before 2026-11-26, instead of a power law in their "
                         "shape (the default: README *The CPU prior*)")
+    g.add_argument("--slow-conv-law", default=PROTOCOL_ONLY["slow_conv_law"], metavar="DTYPES",
+                   help="CPU data with per-op profiles: the prior refitted in every fold prices the dense "
+                        "convolutions of these dtypes (comma-separated: fp32, bf16) by an additive law in their "
+                        "shape (per call, multiply-add, weight element per sample, im2col and input/output "
+                        "element) instead of its FLOPs curves; default: as the kind's shipped section does")
     g.add_argument("--refit-per-category", action="store_true",
                    help="data with per-op profiles: the prior refitted in every fold takes per-category vector "
                         "and bandwidth curves and no batch-norm ramp, as before 2026-11-26's eighteenth session, "
@@ -427,7 +432,8 @@ def run_protocol(args) -> int:
                     jobs=args.jobs, hardware_folds=args.hardware_folds, hardware_test=args.hardware_test,
                     hardware_transfer=args.hardware_transfer, transfer_mode=args.transfer_mode,
                     depthwise_law=not args.no_depthwise_law, refit_as_shipped=not args.refit_per_category,
-                    labels=args.labels)
+                    labels=args.labels,
+                    slow_conv_law=tuple(d.strip() for d in (args.slow_conv_law or "").split(",") if d.strip()))
     result = run(args.protocol, args.data, args.config, budget, strict=args.strict)
     print(json.dumps(result, indent=2) if args.json else format_result(result))
     return 0

@@ -101,6 +101,11 @@ class Budget:
     """A CPU kind's prior refitted in every fold prices depthwise convolutions by a power law in their
     shape (``prior_fit.fit(depthwise=True)``, ``PriorRefit.depthwise_law``; since 2026-11-26: each family
     left out on the first CPU kind, the residual GNN 19.9 -> 13.8 %, README *The CPU prior*)."""
+    slow_conv_law: tuple[str, ...] = ()
+    """Dtypes whose dense convolutions the CPU prior refitted in every fold prices by the additive shape law
+    (``prior_fit.fit_slow_conv``: per call, per multiply-add, per weight element per sample, per im2col and
+    per input/output element; ``prior.Profile.slow_conv``) on top of its section's options, for a kind whose
+    shipped section lacks it (the fourth kind's carries it for bf16). Empty (default): the section's."""
     refit_as_shipped: bool = True
     """The prior refitted in every fold uses the curve options its hardware's shipped section was fitted
     with (``prior_fit.section_options``: pooled or per-category vector and bandwidth curves, the batch
@@ -125,6 +130,10 @@ class Budget:
                             + (closest(unknown[0], VARIANTS) if unknown else ""))
         if not self.seeds:
             raise UserError("protocol needs at least one seed")
+        bad = [d for d in self.slow_conv_law if d not in SLOW_CONV_DTYPES]
+        if bad:
+            raise UserError(f"protocol slow_conv_law dtype {bad[0]!r}: allowed: {', '.join(SLOW_CONV_DTYPES)}"
+                            + closest(bad[0], SLOW_CONV_DTYPES))
         for name, allowed in (("hardware_folds", HARDWARE_FOLDS), ("hardware_transfer", HARDWARE_TRANSFERS),
                               ("transfer_mode", TRANSFER_MODES), ("labels", dataset.LABEL_STATS)):
             value = getattr(self, name)
@@ -307,15 +316,21 @@ class PriorRefit:
                 s.prior_log_ms, s.prior_device_log_ms, s.host_s = (torch.stack(v).mean(0) for v in zip(*views))
 
 
+SLOW_CONV_DTYPES = ("fp32", "bf16")
+"""The dtypes ``Budget.slow_conv_law`` takes (the CPU steps' convolution dtypes)."""
+
 FALLBACK_SECTION = {"cpu": "microbench-cpu", "gpu": "h100-neusight"}
 """Curves fitted to kernel timings alone (no training step), by hardware kind: the prior of a fold in
 which the shipped one was fitted to the steps under test and no training kind has profiles to refit."""
 
 
 def prior_refit(data_dirs, log, strict: bool = False, transfer: str = "nearest",
-                mode: str = "ceilings", depthwise_law: bool = True, as_shipped: bool = False) -> PriorRefit | None:
+                mode: str = "ceilings", depthwise_law: bool = True, as_shipped: bool = False,
+                slow_conv_law: tuple[str, ...] = ()) -> PriorRefit | None:
     """``PriorRefit`` for the folders of ``data_dirs`` whose records have per-op profiles, GPU or CPU (None
-    when there is none); with ``as_shipped`` each refitted with its shipped section's curve options."""
+    when there is none); with ``as_shipped`` each refitted with its shipped section's curve options; a CPU
+    kind's dense convolutions of the ``slow_conv_law`` dtypes priced by the additive shape law besides
+    (``Budget.slow_conv_law``)."""
     from gnn_ptp import descriptor, node_labels, prior
 
     seconds, descriptors, options = {}, {}, {}
@@ -333,6 +348,11 @@ def prior_refit(data_dirs, log, strict: bool = False, transfer: str = "nearest",
             options[desc.name] = prior_fit.section_options(section)
             log(f"{d}: refitted with the options of its shipped section {desc.curves_section()!r}: "
                 f"{options[desc.name]}")
+        if slow_conv_law and desc.kind == "cpu":
+            own_law = options.setdefault(desc.name, {}).get("slow_conv", ())
+            options[desc.name]["slow_conv"] = tuple(sorted({*own_law, *slow_conv_law}))
+            log(f"{d}: dense convolutions of {', '.join(options[desc.name]['slow_conv'])} priced by the "
+                "additive shape law in every fold")
     return (PriorRefit(seconds, descriptors=descriptors, transfer=transfer, mode=mode, depthwise_law=depthwise_law,
                        options=options)
             if seconds else None)
@@ -501,7 +521,7 @@ def run(protocol: str, data_dirs, config=None, budget: Budget = Budget(), log=No
     measured, samples, repeats = loaded or load(data_dirs, base.model.precision_aware, log, strict,
                                                 node_labels=bool(base.node_weight), label=budget.labels)
     refit = (prior_refit(data_dirs, log, strict, budget.hardware_transfer, budget.transfer_mode, budget.depthwise_law,
-                         budget.refit_as_shipped)
+                         budget.refit_as_shipped, budget.slow_conv_law)
              if budget.refit_prior else None)
     rng = np.random.default_rng(0)
     start = time.perf_counter()
