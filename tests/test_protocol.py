@@ -473,7 +473,8 @@ def test_the_h200_protocol_config_is_the_shipped_h200_config_without_its_split()
 @pytest.mark.parametrize("flags, named", [(["--shipped-prior"], "--shipped-prior"),
                                           (["--epochs", "3", "--seeds", "0,1"], "--epochs, --seeds"),
                                           (["--no-depthwise-law"], "--no-depthwise-law"),
-                                          (["--labels", "fastest"], "--labels")])
+                                          (["--labels", "fastest"], "--labels"),
+                                          (["--slow-conv-law", "bf16"], "--slow-conv-law")])
 def test_protocol_options_without_protocol_are_one_clear_error(flags, named, capsys):
     """Options only a --protocol run reads are refused on a checkpoint evaluation, not silently ignored."""
     code = cli.main(["evaluate", "--checkpoint", "checkpoints/cpu", "--data", "datasets/cpu", *flags])
@@ -555,3 +556,31 @@ def test_fastest_labels_reach_the_folds_and_the_noise_floor_follows(synthetic_di
         assert got["mean"][key] == pytest.approx(truth[key] * 5.0 / 4, rel=1e-3)
     with pytest.raises(UserError, match="protocol labels 'min': allowed: mean, fastest"):
         protocol.Budget(labels="min")
+
+
+def test_the_slow_conv_law_joins_a_cpu_kinds_section_options_and_not_a_gpus(monkeypatch):
+    """``--slow-conv-law bf16`` adds the dtype to the law a CPU kind's refit takes from its shipped section
+    (here one carrying fp32's), leaves a GPU's options alone, and an unknown dtype is one clear error
+    (SYNTHETIC folders: the records, descriptors and sections are stubbed)."""
+    from types import SimpleNamespace
+
+    from gnn_ptp import dataset, descriptor, node_labels, prior
+
+    kinds = {"cpu-dir": ("cpu-x", "cpu"), "gpu-dir": ("h200", "gpu")}
+    monkeypatch.setattr(dataset, "measured_configs",
+                        lambda d, strict=False: [SimpleNamespace(env={"dir": d}, hardware=kinds[d][0])])
+    monkeypatch.setattr(descriptor, "for_env", lambda env: SimpleNamespace(
+        name=kinds[env["dir"]][0], kind=kinds[env["dir"]][1], curves_section=lambda: kinds[env["dir"]][0]))
+    monkeypatch.setattr(node_labels, "profiled_ids", lambda d: [1])
+    monkeypatch.setattr(node_labels, "node_seconds", lambda d, measured: {})
+    monkeypatch.setattr(prior, "calibration", lambda: {"cpu-x": {"slow_conv": {"backward:fp32": [1.0]}},
+                                                       "h200": {"channel_ramp": {"batch_norm": [1.0, 1.0]}}})
+    said = []
+    refit = protocol.prior_refit(["cpu-dir", "gpu-dir"], said.append, as_shipped=True, slow_conv_law=("bf16",))
+    assert refit.options["cpu-x"]["slow_conv"] == ("bf16", "fp32")
+    assert refit.options["h200"]["slow_conv"] == () and refit.options["h200"]["channel_ramp"]
+    assert any("bf16, fp32 priced by the additive shape law" in line for line in said)
+    plain = protocol.prior_refit(["cpu-dir"], said.append, as_shipped=True)
+    assert plain.options["cpu-x"]["slow_conv"] == ("fp32",)
+    with pytest.raises(UserError, match="protocol slow_conv_law dtype 'bf61': allowed: fp32, bf16; did you mean 'bf16'"):
+        protocol.Budget(slow_conv_law=("bf61",))
