@@ -719,9 +719,11 @@ def _prior_seconds(rows: KernelRows, profile: prior.Profile) -> torch.Tensor:
     seconds = torch.maximum(compute, memory)
     if profile.channel_ramp and rows.bn_channels is not None:
         seconds = seconds * prior.channel_ramp_factor(rows.bn_channels, rows.backward_mask(), profile.channel_ramp)
-    if profile.depthwise and rows.depthwise is not None:
-        law = prior.depthwise_law_seconds(rows.depthwise, rows.backward_mask(), rows.dtype, profile.depthwise)
-        seconds = torch.where(torch.isnan(law), seconds, law)
+    for law, feats, law_seconds in ((profile.depthwise, rows.depthwise, prior.depthwise_law_seconds),
+                                    (profile.slow_conv, rows.slow_conv, prior.slow_conv_seconds)):
+        if law and feats is not None:  # as prior.node_seconds prices a graph's nodes
+            by_law = law_seconds(feats, rows.backward_mask(), rows.dtype, law)
+            seconds = torch.where(torch.isnan(by_law), seconds, by_law)
     seconds = torch.maximum(seconds, torch.full_like(compute, profile.launch_floor_s))
     faults = prior.fresh_seconds(rows.fresh, profile.fresh_threshold_bytes, profile.fresh_s_per_byte)
     return seconds if faults is None else seconds + faults

@@ -328,6 +328,11 @@ def test_slow_path_convolutions_get_a_sum_of_costs_in_their_shape():
     want = prior.slow_conv_seconds(read, x_cat[conv, 3] == prior.BACKWARD_PHASE, ["bf16"] * 4, law)
     torch.testing.assert_close(priced, want)
     assert not torch.allclose(prior.node_seconds(x, x_cat, none)[conv], want)
+    # the kernel-level pricing (kernel_errors, prior_error_sources' tables) applies the law as node pricing does
+    with_law = replace(none, slow_conv={k: tuple(v) for k, v in law.items()})
+    torch.testing.assert_close(prior_fit._prior_seconds(rows, with_law),
+                               prior.slow_conv_seconds(terms, backward, ["bf16"] * n, law).clamp_min(1e-9))
+    assert not torch.allclose(prior_fit._prior_seconds(rows, none), prior_fit._prior_seconds(rows, with_law))
 
 
 def test_protocol_refits_a_gpu_prior_per_fold_on_the_training_families_only():
