@@ -49,7 +49,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from gnn_ptp import ops, prior, prior_fit  # noqa: E402
+from gnn_ptp import dataset, ops, prior, prior_fit  # noqa: E402
 
 PHASES = ("forward", "backward", "optimizer")
 
@@ -208,7 +208,7 @@ def kind_profile(data, hw) -> prior.Profile:
     """The prior of the hardware kind ``data``'s records were measured on: a CPU kind's own section (its
     descriptor's, e.g. ``cpu-amd-epyc-family-26-model-2``), not the reference CPU's that the ``cpu``
     hardware name gives; a GPU's calibrated profile."""
-    from gnn_ptp import dataset, descriptor
+    from gnn_ptp import descriptor
 
     if hw.kind != "cpu":
         return prior.get_profile(hw)
@@ -223,7 +223,7 @@ def main() -> None:
                     help="also the matmuls by dtype, phase and operand layout, over all families and per family")
     ap.add_argument("--size-fold", type=int, metavar="SEED",
                     help="decompose the size protocol's fold of this seed (the prior refitted to its training half)")
-    ap.add_argument("--labels", default="mean", choices=("mean", "fastest"),
+    ap.add_argument("--labels", default=dataset.LABEL_STATS[0], choices=dataset.LABEL_STATS,
                     help="with --size-fold: how repeated configurations are labelled (evaluate --labels)")
     args = ap.parse_args()
     if args.size_fold is not None:

@@ -1010,9 +1010,8 @@ def conv_flops_share(x: torch.Tensor, x_cat: torch.Tensor) -> float:
     where it has none)."""
     flops = _unlog(x[:, 0].double())
     category = x_cat[:, 1]
-    gemm = torch.isin(category, torch.tensor([ops.CATEGORIES.index(c) for c in ops.TENSOR_CORE_CATEGORIES]))
-    total = float(flops[gemm].sum())
-    return float(flops[category == ops.CATEGORIES.index("conv")].sum()) / total if total > 0 else 0.0
+    total = float(flops[torch.isin(category, torch.tensor(GEMM_CATEGORIES))].sum())
+    return float(flops[category == CONV_CATEGORY].sum()) / total if total > 0 else 0.0
 
 
 def model_error(section: str, family: str, conv_share: float) -> dict | None:
