@@ -99,7 +99,10 @@ class Prediction:
     """"checkpoint" (a trained GNN) or "analytic-prior" (no checkpoint for this hardware yet: the
     calibrated physical prior of gnn_ptp/prior.py alone)."""
     expected_error: dict = field(default_factory=dict)
-    """For an analytic-prior prediction: the expected error of the step time and how it was derived."""
+    """The expected error of the step time and how it was derived: for an analytic-prior prediction its
+    section's, each family left out of the fit (``prior.model_error``); for a checkpoint's, the MAPE its
+    training measured on the families it held out (``checkpoint_error``), with this model's family's
+    place (``this_model``)."""
     parallel: str = "ddp"
     """How the GPUs share the model: ddp (replicated), fsdp (FSDP2 full sharding, ZeRO-3) or
     fsdp-no-reshard (ZeRO-2-like); for --parallel auto, the mode it chose."""
@@ -284,19 +287,72 @@ def _ood_warnings(u: torch.Tensor, data, meta: dict) -> list[str]:
     return notes
 
 
-def _prior_step_ms(graphs: list[dict], outside: list[int], hardware: str, grad_accum: int) -> dict[int, float]:
-    """Per graph index of ``outside`` (those beyond a GPU checkpoint's training range, ``_ood_warnings``),
-    the calibrated prior's one-GPU step time for it (``prior.analytic_model``): a user then sees both answers
-    where the checkpoint extrapolates. Empty for a CPU checkpoint or a GPU without a calibrated prior."""
-    from gnn_ptp.prior import analytic_model
+def _prior_step_ms(graphs: list[dict], outside: list[int], hardware: str, grad_accum: int,
+                   model=None) -> dict[int, float]:
+    """Per graph index of ``outside`` (those beyond the checkpoint's training range, ``_ood_warnings``), the
+    calibrated prior's one-device step time for it (``prior.analytic_model``; for a CPU checkpoint the prior
+    of the CPU kind ``model`` predicts for, its descriptor's, over which a residual checkpoint learned its
+    correction): a user then sees both answers where the checkpoint extrapolates. Empty for hardware
+    without a calibrated prior."""
+    from gnn_ptp.prior import AnalyticModel, analytic_model
 
-    found = analytic_model(hardware) if outside else None
+    if not outside:
+        return {}
+    descriptor = getattr(model, "descriptor", None)
+    if hardware == "cpu":
+        found = (AnalyticModel(descriptor.profile()),) if descriptor is not None else None
+    else:
+        found = analytic_model(hardware)
     if found is None:
         return {}
     with torch.no_grad():
         out = found[0](_batch([graphs[i] for i in outside], analytic=True))
     phases = out["log_phase_ms"].exp().tolist()
     return {i: grad_accum * (fwd + bwd) + opt for i, (fwd, bwd, opt) in zip(outside, phases)}
+
+
+SIZE_PROTOCOL_ERROR = {
+    "cpu": ("steps 4.5-18x larger than any a residual checkpoint was trained on were 13.8-19.3 % off, the "
+            "prior alone 8.7-23.6 % (size protocol, three CPU kinds, README *Protocol*)"),
+    "h200": ("steps 4x larger and more than any a residual checkpoint was trained on were 25.5 % off, the "
+             "prior alone 20.8 % (size protocol, README *Protocol*)")}
+"""What the size protocol measured beyond the training range, by checkpoint hardware: quoted where a
+prediction is outside its checkpoint's range (``checkpoint_error``)."""
+
+
+def checkpoint_error(meta: dict, family: str | None, outside: bool = False) -> dict:
+    """A checkpoint's expected step-time error, from what its training measured on the families it held out
+    (``meta["metrics"]["test"]``), and what that says for a model of ``family``: its own held-out figure,
+    or that its family was trained on (the held-out figure is then the one for an unseen family, an upper
+    reading), or that its family is new to the checkpoint. ``outside``: the step is beyond the checkpoint's
+    training range (``_ood_warnings``), where that figure was not measured: said so, with the size
+    protocol's figures for the hardware (``SIZE_PROTOCOL_ERROR``). Empty where the checkpoint stored no test
+    metrics (one trained without held-out families)."""
+    test = (meta.get("metrics") or {}).get("test") or {}
+    overall, per = test.get("overall") or {}, test.get("per_family") or {}
+    if not overall.get("n"):
+        return {}
+    families = ", ".join(f"{f} {per[f]['mape']:.0f} %" for f in sorted(per))
+    summary = (f"{overall['mape']:.0f} % step MAPE (median {overall.get('median_ape', float('nan')):.0f} %) on "
+               f"{overall['n']} measured steps of families the checkpoint never saw ({families})")
+    err = {"summary": summary, "held_out": {"mape": overall["mape"], "n": overall["n"],
+                                              "per_family": {f: per[f]["mape"] for f in sorted(per)}}}
+    if family:
+        role = (meta.get("split") or {}).get(family)
+        if family in per:
+            text = f"{family}, a family held out of its training: {per[family]['mape']:.0f} % on its {per[family]['n']} steps"
+        elif role in ("train", "val"):
+            text = (f"{family}, a family it was {'trained' if role == 'train' else 'validated'} on (other "
+                    "configurations of it): the held-out figure is an unseen family's")
+        else:
+            text = f"{family}, a family new to the checkpoint: the held-out figure applies"
+        err["this_model"] = {"family": family, "split": role or "new", "text": text}
+    if outside:
+        err["outside_training_range"] = True
+        size = SIZE_PROTOCOL_ERROR.get(meta.get("hardware"))
+        err["summary"] += ("; measured inside its training range, and this step is outside it (the warnings)"
+                           + (f": {size}" if size else ""))
+    return err
 
 
 def _unlog(value: float) -> float:
@@ -553,7 +609,8 @@ def predict_many(spec: str, precisions: list[str], batch_size: int, seq_len: int
         total_steps = math.ceil(round(epochs * dataset_size / global_batch, 6))
     slowdown = profile.compute_slowdown(gpus, nodes) if profile is not None else 1.0
     ood_notes = [[] if analytic else _ood_warnings(t["u"], t, meta) for t, _ in graphs]
-    prior_ms = _prior_step_ms([t for t, _ in graphs], [i for i, n in enumerate(ood_notes) if n], hw_name, grad_accum)
+    prior_ms = _prior_step_ms([t for t, _ in graphs], [i for i, n in enumerate(ood_notes) if n], hw_name, grad_accum,
+                              model)
     results = []
     for i, (p, (tensors, info)) in enumerate(zip(precisions, graphs)):
         fwd, bwd, opt = out["log_phase_ms"][i].exp().tolist()
@@ -561,8 +618,10 @@ def predict_many(spec: str, precisions: list[str], batch_size: int, seq_len: int
         compute = one_gpu * slowdown
         ood = list(ood_notes[i])
         if ood and i in prior_ms:  # beyond the checkpoint's range: the prior's answer beside it, no choice made
-            ood.append(f"the calibrated prior alone says {prior_ms[i]:.1f} ms a step on one GPU here "
-                       f"(gnn-ptp predict --hardware {hw_name} --analytic)")
+            ood.append(f"the calibrated prior alone says {prior_ms[i]:.1f} ms a step on one "
+                       f"{'CPU' if hw_name == 'cpu' else 'GPU'} here (gnn-ptp predict --hardware {hw_name} "
+                       f"--analytic{' --cpu-kind ' + cpu_kind if cpu_kind else ''}; beyond the sizes a "
+                       "residual checkpoint saw, its correction to that prior is extrapolated)")
         notes = ([kind_note] if kind_note else []) + ([untrained[p]] if p in untrained else []) + ood
         if left_out_note:
             notes.insert(0, left_out_note)
@@ -630,6 +689,8 @@ def predict_many(spec: str, precisions: list[str], batch_size: int, seq_len: int
             parallel_options=[{k: v for k, v in o.items() if k != "step"} for o in options])
         if sharded is not None:
             pred.comm_total_ms, pred.fabric = sharded.comm_total_ms, profile.level(gpus, nodes).name
+        if not analytic:
+            pred.expected_error = checkpoint_error(meta, info["family"], outside=bool(ood_notes[i]))
         if analytic:
             err = dict(meta["expected_error"])
             this = _model_error(meta, info["family"], tensors)
@@ -1017,6 +1078,10 @@ def format_predictions(preds: list[Prediction]) -> str:
     if first.top_ops:
         top = ", ".join(f"{t['op']} {_ms(t['ms'])}" for t in fastest.top_ops)
         lines.append(f"where the time goes ({fastest.precision}): {top}")
+    err = first.expected_error if first.source == "checkpoint" else {}
+    if err.get("summary"):
+        this = err.get("this_model", {}).get("text")
+        lines.append(f"expected error: {err['summary']}" + (f"; this model: {this}" if this else ""))
     lines += [f"warning: {w}" for w in _merge_warnings(preds)]
     return "\n".join(lines)
 

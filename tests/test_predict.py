@@ -589,7 +589,8 @@ def test_the_analytic_batch_prices_as_the_torch_geometric_batch_and_imports_no_t
 def test_outside_a_gpu_checkpoint_s_range_the_prior_s_answer_is_printed_beside_it():
     """A step far below the H200 checkpoint's training range (a one-layer GPT-2 of 64 channels) is flagged
     as an extrapolation, and the calibrated prior's own answer for it follows the warnings, the number
-    ``--analytic`` gives; inside the range, or on a CPU checkpoint (no calibrated prior for it), no such note."""
+    ``--analytic`` gives; the same on the CPU checkpoint (a residual over its CPU kind's prior: the number of
+    ``--hardware cpu --analytic``); inside the range no such note (``test_no_warnings_inside_the_training_ranges``)."""
     import re
 
     tiny = ["n_layer=1", "n_embd=64", "n_head=2", "vocab_size=500"]
@@ -602,6 +603,43 @@ def test_outside_a_gpu_checkpoint_s_range_the_prior_s_answer_is_printed_beside_i
     assert len(said) == 1 and "--hardware h200 --analytic" in said[0]
     assert float(re.search(r"says ([0-9.]+) ms", said[0]).group(1)) == pytest.approx(alone.iteration_ms, abs=0.051)
     assert not any("calibrated prior alone" in n for n in alone.warnings)
-    [cpu] = predict_mod.predict_many("hf:gpt2", ["fp32"], 2, seq_len=16, overrides=tiny, hardware="cpu",
+    wide = ["n_layer=2"]  # GPT-2's width and vocabulary at batch 8 x 128: beyond the CPU checkpoint's FLOPs
+    [cpu] = predict_mod.predict_many("hf:gpt2", ["fp32"], 8, seq_len=128, overrides=wide, hardware="cpu",
                                      use_disk_cache=False)
-    assert not any("calibrated prior alone" in n for n in cpu.warnings)
+    [cpu_alone] = predict_mod.predict_many("hf:gpt2", ["fp32"], 8, seq_len=128, overrides=wide, hardware="cpu",
+                                           analytic=True, use_disk_cache=False)
+    assert any("outside the training range" in n for n in cpu.warnings)
+    said = [n for n in cpu.warnings if n.startswith("the calibrated prior alone says")]
+    assert len(said) == 1 and "one CPU here (gnn-ptp predict --hardware cpu --analytic;" in said[0]
+    assert float(re.search(r"says ([0-9.]+) ms", said[0]).group(1)) == pytest.approx(cpu_alone.iteration_ms, abs=0.051)
+    assert cpu.expected_error.get("outside_training_range") is True
+    assert "this step is outside it" in cpu.expected_error["summary"]
+
+
+def test_a_checkpoint_s_expected_error_comes_from_its_held_out_families():
+    """``checkpoint_error`` on made-up checkpoint metadata (synthetic figures): the held-out MAPE with each
+    family's, and where this model's family stood: held out (its own figure), trained on, or new."""
+    meta = {"hardware": "cpu", "split": {"bert": "train", "vit": "val", "t5": "test", "vgg": "test"},
+            "metrics": {"test": {"overall": {"mape": 12.4, "median_ape": 9.6, "n": 20},
+                                 "per_family": {"t5": {"mape": 8.1, "n": 12}, "vgg": {"mape": 19.0, "n": 8}}}}}
+    held = predict_mod.checkpoint_error(meta, "vgg")
+    assert held["summary"].startswith("12 % step MAPE (median 10 %) on 20 measured steps")
+    assert "(t5 8 %, vgg 19 %)" in held["summary"] and held["held_out"]["per_family"] == {"t5": 8.1, "vgg": 19.0}
+    assert held["this_model"]["split"] == "test" and "19 % on its 8 steps" in held["this_model"]["text"]
+    assert predict_mod.checkpoint_error(meta, "bert")["this_model"]["split"] == "train"
+    assert "validated on" in predict_mod.checkpoint_error(meta, "vit")["this_model"]["text"]
+    new = predict_mod.checkpoint_error(meta, "llama")
+    assert new["this_model"]["split"] == "new" and "new to the checkpoint" in new["this_model"]["text"]
+    assert "outside_training_range" not in new
+    out = predict_mod.checkpoint_error(meta, "llama", outside=True)
+    assert out["outside_training_range"] and predict_mod.SIZE_PROTOCOL_ERROR["cpu"] in out["summary"]
+    assert predict_mod.checkpoint_error({"metrics": {}}, "bert") == {}
+
+
+def test_the_table_prints_a_checkpoint_s_expected_error(ckpt):
+    """The synthetic checkpoint held families out of training: ``predict`` carries their figure and the table
+    prints it on one line; an analytic answer keeps it in its ANALYTIC ESTIMATE warning instead."""
+    p = predict(SPEC, precision="fp32", batch_size=8, checkpoint=ckpt)
+    assert p.source == "checkpoint" and p.expected_error["summary"]
+    lines = [line for line in predict_mod.format_predictions([p]).splitlines() if line.startswith("expected error")]
+    assert lines == [f"expected error: {p.expected_error['summary']}; this model: {p.expected_error['this_model']['text']}"]
