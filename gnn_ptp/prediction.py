@@ -288,19 +288,18 @@ def _ood_warnings(u: torch.Tensor, data, meta: dict) -> list[str]:
 
 
 def _prior_step_ms(graphs: list[dict], outside: list[int], hardware: str, grad_accum: int,
-                   model=None) -> dict[int, float]:
+                   cpu_kind: str | None = None) -> dict[int, float]:
     """Per graph index of ``outside`` (those beyond the checkpoint's training range, ``_ood_warnings``), the
-    calibrated prior's one-device step time for it (``prior.analytic_model``; for a CPU checkpoint the prior
-    of the CPU kind ``model`` predicts for, its descriptor's, over which a residual checkpoint learned its
-    correction): a user then sees both answers where the checkpoint extrapolates. Empty for hardware
-    without a calibrated prior."""
-    from gnn_ptp.prior import AnalyticModel, analytic_model
+    calibrated prior's one-device step time for it, the number ``predict --analytic`` gives
+    (``prior.analytic_model``; on a CPU ``_cpu_analytic``, of ``cpu_kind`` or the reference CPU, the kind
+    the shipped checkpoint was trained on): a user then sees both answers where the checkpoint
+    extrapolates. Empty for hardware without a calibrated prior."""
+    from gnn_ptp.prior import analytic_model
 
     if not outside:
         return {}
-    descriptor = getattr(model, "descriptor", None)
     if hardware == "cpu":
-        found = (AnalyticModel(descriptor.profile()),) if descriptor is not None else None
+        found = _cpu_analytic(cpu_kind)[1:]
     else:
         found = analytic_model(hardware)
     if found is None:
@@ -320,13 +319,14 @@ SIZE_PROTOCOL_ERROR = {
 prediction is outside its checkpoint's range (``checkpoint_error``)."""
 
 
-def checkpoint_error(meta: dict, family: str | None, outside: bool = False) -> dict:
+def checkpoint_error(meta: dict, family: str | None, outside: bool = False, other_kind: bool = False) -> dict:
     """A checkpoint's expected step-time error, from what its training measured on the families it held out
     (``meta["metrics"]["test"]``), and what that says for a model of ``family``: its own held-out figure,
     or that its family was trained on (the held-out figure is then the one for an unseen family, an upper
     reading), or that its family is new to the checkpoint. ``outside``: the step is beyond the checkpoint's
     training range (``_ood_warnings``), where that figure was not measured: said so, with the size
-    protocol's figures for the hardware (``SIZE_PROTOCOL_ERROR``). Empty where the checkpoint stored no test
+    protocol's figures for the hardware (``SIZE_PROTOCOL_ERROR``). ``other_kind``: predicting for another CPU
+    kind than the one it was trained on (``--cpu-kind``): said so. Empty where the checkpoint stored no test
     metrics (one trained without held-out families)."""
     test = (meta.get("metrics") or {}).get("test") or {}
     overall, per = test.get("overall") or {}, test.get("per_family") or {}
@@ -347,6 +347,10 @@ def checkpoint_error(meta: dict, family: str | None, outside: bool = False) -> d
         else:
             text = f"{family}, a family new to the checkpoint: the held-out figure applies"
         err["this_model"] = {"family": family, "split": role or "new", "text": text}
+    if other_kind:
+        err["other_hardware"] = True
+        err["summary"] += ("; measured on the CPU kind it was trained on, not the one predicted for (the note "
+                           "on moving it)")
     if outside:
         err["outside_training_range"] = True
         size = SIZE_PROTOCOL_ERROR.get(meta.get("hardware"))
@@ -567,8 +571,11 @@ def predict_many(spec: str, precisions: list[str], batch_size: int, seq_len: int
     analytic = meta.get("source") == "analytic-prior"
     hw_name = meta["hardware"]
     kind_note = None
+    moved = False  # predicting for another CPU kind than the checkpoint's (its held-out figure is not this one's)
     if cpu_kind is not None and not analytic:
+        trained_model = model
         model, kind_note = _for_cpu_kind(model, meta, ckpt_path, cpu_kind)
+        moved = model is not trained_model
     profile = _interconnect(hw_name, dp) if gpus > 1 else None
     n_nodes = profile.nodes_for(gpus, nodes) if profile is not None else (nodes or 1)
     if gpus > 1 and profile is None:
@@ -610,7 +617,7 @@ def predict_many(spec: str, precisions: list[str], batch_size: int, seq_len: int
     slowdown = profile.compute_slowdown(gpus, nodes) if profile is not None else 1.0
     ood_notes = [[] if analytic else _ood_warnings(t["u"], t, meta) for t, _ in graphs]
     prior_ms = _prior_step_ms([t for t, _ in graphs], [i for i, n in enumerate(ood_notes) if n], hw_name, grad_accum,
-                              model)
+                              cpu_kind)
     results = []
     for i, (p, (tensors, info)) in enumerate(zip(precisions, graphs)):
         fwd, bwd, opt = out["log_phase_ms"][i].exp().tolist()
@@ -620,8 +627,8 @@ def predict_many(spec: str, precisions: list[str], batch_size: int, seq_len: int
         if ood and i in prior_ms:  # beyond the checkpoint's range: the prior's answer beside it, no choice made
             ood.append(f"the calibrated prior alone says {prior_ms[i]:.1f} ms a step on one "
                        f"{'CPU' if hw_name == 'cpu' else 'GPU'} here (gnn-ptp predict --hardware {hw_name} "
-                       f"--analytic{' --cpu-kind ' + cpu_kind if cpu_kind else ''}; beyond the sizes a "
-                       "residual checkpoint saw, its correction to that prior is extrapolated)")
+                       f"--analytic{' --cpu-kind ' + cpu_kind if cpu_kind else ''}; beyond the sizes the "
+                       "checkpoint saw, its answer is extrapolated)")
         notes = ([kind_note] if kind_note else []) + ([untrained[p]] if p in untrained else []) + ood
         if left_out_note:
             notes.insert(0, left_out_note)
@@ -690,7 +697,8 @@ def predict_many(spec: str, precisions: list[str], batch_size: int, seq_len: int
         if sharded is not None:
             pred.comm_total_ms, pred.fabric = sharded.comm_total_ms, profile.level(gpus, nodes).name
         if not analytic:
-            pred.expected_error = checkpoint_error(meta, info["family"], outside=bool(ood_notes[i]))
+            pred.expected_error = checkpoint_error(meta, info["family"], outside=bool(ood_notes[i]),
+                                                   other_kind=moved)
         if analytic:
             err = dict(meta["expected_error"])
             this = _model_error(meta, info["family"], tensors)

@@ -633,6 +633,9 @@ def test_a_checkpoint_s_expected_error_comes_from_its_held_out_families():
     assert "outside_training_range" not in new
     out = predict_mod.checkpoint_error(meta, "llama", outside=True)
     assert out["outside_training_range"] and predict_mod.SIZE_PROTOCOL_ERROR["cpu"] in out["summary"]
+    moved = predict_mod.checkpoint_error(meta, "bert", other_kind=True)
+    assert moved["other_hardware"] and "not the one predicted for" in moved["summary"]
+    assert "other_hardware" not in held
     assert predict_mod.checkpoint_error({"metrics": {}}, "bert") == {}
 
 
