@@ -313,8 +313,8 @@ def _prior_step_ms(graphs: list[dict], outside: list[int], hardware: str, grad_a
 SIZE_PROTOCOL_ERROR = {
     "cpu": ("steps 4.5-18x larger than any a residual checkpoint was trained on were 13.8-19.3 % off, the "
             "prior alone 8.7-23.6 % (size protocol, three CPU kinds, README *Protocol*)"),
-    "h200": ("steps 4x larger and more than any a residual checkpoint was trained on were 25.5 % off, the "
-             "prior alone 20.8 % (size protocol, README *Protocol*)")}
+    "h200": ("steps 4x larger and more than any a residual checkpoint was trained on were 25.3 % off, the "
+             "prior alone 19.9 % (size protocol on the H200's 2,960 configurations, README *Protocol*)")}
 """What the size protocol measured beyond the training range, by checkpoint hardware: quoted where a
 prediction is outside its checkpoint's range (``checkpoint_error``)."""
 
