@@ -310,6 +310,18 @@ def _prior_step_ms(graphs: list[dict], outside: list[int], hardware: str, grad_a
     return {i: grad_accum * (fwd + bwd) + opt for i, (fwd, bwd, opt) in zip(outside, phases)}
 
 
+def _checkpoint_cpu_kind(model) -> str | None:
+    """The stored CPU kind a CPU checkpoint was trained on, where it is not the reference CPU (``--analytic``'s
+    default): its prior is the one its answer should stand beside; None for the reference CPU, a checkpoint
+    without a descriptor or a kind with no stored descriptor."""
+    from gnn_ptp import descriptor
+
+    name = getattr(getattr(model, "descriptor", None), "name", None)
+    if name is None or name == descriptor.calibrated_descriptor("cpu").name:
+        return None
+    return name if name in descriptor.stored_cpus() else None
+
+
 SIZE_PROTOCOL_ERROR = {
     "cpu": ("steps 4.5-18x larger than any a residual checkpoint was trained on were 13.8-19.3 % off, the "
             "prior alone 8.7-23.6 % (size protocol, three CPU kinds, README *Protocol*)"),
@@ -616,8 +628,9 @@ def predict_many(spec: str, precisions: list[str], batch_size: int, seq_len: int
         total_steps = math.ceil(round(epochs * dataset_size / global_batch, 6))
     slowdown = profile.compute_slowdown(gpus, nodes) if profile is not None else 1.0
     ood_notes = [[] if analytic else _ood_warnings(t["u"], t, meta) for t, _ in graphs]
+    prior_kind = cpu_kind if hw_name != "cpu" or cpu_kind else _checkpoint_cpu_kind(model)
     prior_ms = _prior_step_ms([t for t, _ in graphs], [i for i, n in enumerate(ood_notes) if n], hw_name, grad_accum,
-                              cpu_kind)
+                              prior_kind)
     results = []
     for i, (p, (tensors, info)) in enumerate(zip(precisions, graphs)):
         fwd, bwd, opt = out["log_phase_ms"][i].exp().tolist()
@@ -627,7 +640,7 @@ def predict_many(spec: str, precisions: list[str], batch_size: int, seq_len: int
         if ood and i in prior_ms:  # beyond the checkpoint's range: the prior's answer beside it, no choice made
             ood.append(f"the calibrated prior alone says {prior_ms[i]:.1f} ms a step on one "
                        f"{'CPU' if hw_name == 'cpu' else 'GPU'} here (gnn-ptp predict --hardware {hw_name} "
-                       f"--analytic{' --cpu-kind ' + cpu_kind if cpu_kind else ''}; beyond the sizes the "
+                       f"--analytic{' --cpu-kind ' + prior_kind if prior_kind else ''}; beyond the sizes the "
                        "checkpoint saw, its answer is extrapolated)")
         notes = ([kind_note] if kind_note else []) + ([untrained[p]] if p in untrained else []) + ood
         if left_out_note:

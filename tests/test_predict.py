@@ -646,3 +646,20 @@ def test_the_table_prints_a_checkpoint_s_expected_error(ckpt):
     assert p.source == "checkpoint" and p.expected_error["summary"]
     lines = [line for line in predict_mod.format_predictions([p]).splitlines() if line.startswith("expected error")]
     assert lines == [f"expected error: {p.expected_error['summary']}; this model: {p.expected_error['this_model']['text']}"]
+
+
+def test_a_cpu_checkpoint_s_answer_stands_beside_the_prior_of_the_kind_it_was_trained_on():
+    """``_checkpoint_cpu_kind``: a checkpoint trained on a stored CPU kind other than the reference CPU names
+    it (its out-of-range note quotes that kind's ``--analytic`` answer); the reference CPU, a kind with no
+    stored descriptor and a checkpoint without a descriptor name none (``--analytic``'s default)."""
+    from types import SimpleNamespace
+
+    from gnn_ptp import descriptor
+
+    kinds = [k for k in descriptor.stored_cpus() if k != descriptor.calibrated_descriptor("cpu").name]
+    assert kinds
+    of = lambda name: SimpleNamespace(descriptor=SimpleNamespace(name=name))  # noqa: E731
+    assert predict_mod._checkpoint_cpu_kind(of(kinds[0])) == kinds[0]
+    assert predict_mod._checkpoint_cpu_kind(of(descriptor.calibrated_descriptor("cpu").name)) is None
+    assert predict_mod._checkpoint_cpu_kind(of("a-cpu-never-measured")) is None
+    assert predict_mod._checkpoint_cpu_kind(SimpleNamespace(descriptor=None)) is None
