@@ -592,29 +592,28 @@ def test_outside_a_gpu_checkpoint_s_range_the_prior_s_answer_is_printed_beside_i
     as an extrapolation, and the calibrated prior's own answer for it follows the warnings, the number
     ``--analytic`` gives; the same on the CPU checkpoint (a residual over its CPU kind's prior: the number of
     ``--hardware cpu --analytic``); inside the range no such note (``test_no_warnings_inside_the_training_ranges``)."""
-    import re
-
     tiny = ["n_layer=1", "n_embd=64", "n_head=2", "vocab_size=500"]
-    [gnn] = predict_mod.predict_many("hf:gpt2", ["bf16"], 2, seq_len=16, overrides=tiny, hardware="h200",
-                                     use_disk_cache=False)
-    [alone] = predict_mod.predict_many("hf:gpt2", ["bf16"], 2, seq_len=16, overrides=tiny, hardware="h200",
-                                       analytic=True, use_disk_cache=False)
-    assert any("outside the training range" in n for n in gnn.warnings)
-    said = [n for n in gnn.warnings if n.startswith("the calibrated prior alone says")]
-    assert len(said) == 1 and "--hardware h200 --analytic" in said[0]
-    assert float(re.search(r"says ([0-9.]+) ms", said[0]).group(1)) == pytest.approx(alone.iteration_ms, abs=0.051)
-    assert not any("calibrated prior alone" in n for n in alone.warnings)
+    _prior_beside_the_checkpoint("h200", "bf16", 2, 16, tiny, "--hardware h200 --analytic")
     wide = ["n_layer=2"]  # GPT-2's width and vocabulary at batch 8 x 128: beyond the CPU checkpoint's FLOPs
-    [cpu] = predict_mod.predict_many("hf:gpt2", ["fp32"], 8, seq_len=128, overrides=wide, hardware="cpu",
-                                     use_disk_cache=False)
-    [cpu_alone] = predict_mod.predict_many("hf:gpt2", ["fp32"], 8, seq_len=128, overrides=wide, hardware="cpu",
-                                           analytic=True, use_disk_cache=False)
-    assert any("outside the training range" in n for n in cpu.warnings)
-    said = [n for n in cpu.warnings if n.startswith("the calibrated prior alone says")]
-    assert len(said) == 1 and "one CPU here (gnn-ptp predict --hardware cpu --analytic;" in said[0]
-    assert float(re.search(r"says ([0-9.]+) ms", said[0]).group(1)) == pytest.approx(cpu_alone.iteration_ms, abs=0.051)
+    cpu = _prior_beside_the_checkpoint("cpu", "fp32", 8, 128, wide, "one CPU here (gnn-ptp predict --hardware cpu --analytic;")
     assert cpu.expected_error.get("outside_training_range") is True
     assert "this step is outside it" in cpu.expected_error["summary"]
+
+
+def _prior_beside_the_checkpoint(hardware, precision, batch, seq_len, overrides, command):
+    """The shipped checkpoint's prediction of hf:gpt2 with ``overrides``, outside its training range: one note
+    with the calibrated prior's answer, naming ``command``, equal to ``--analytic``'s (which has no such note)."""
+    import re
+
+    kw = dict(seq_len=seq_len, overrides=overrides, hardware=hardware, use_disk_cache=False)
+    [gnn] = predict_mod.predict_many("hf:gpt2", [precision], batch, **kw)
+    [alone] = predict_mod.predict_many("hf:gpt2", [precision], batch, analytic=True, **kw)
+    assert any("outside the training range" in n for n in gnn.warnings)
+    said = [n for n in gnn.warnings if n.startswith("the calibrated prior alone says")]
+    assert len(said) == 1 and command in said[0]
+    assert float(re.search(r"says ([0-9.]+) ms", said[0]).group(1)) == pytest.approx(alone.iteration_ms, abs=0.051)
+    assert not any("calibrated prior alone" in n for n in alone.warnings)
+    return gnn
 
 
 def test_a_checkpoint_s_expected_error_comes_from_its_held_out_families():
