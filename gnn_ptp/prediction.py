@@ -640,8 +640,8 @@ def predict_many(spec: str, precisions: list[str], batch_size: int, seq_len: int
         if ood and i in prior_ms:  # beyond the checkpoint's range: the prior's answer beside it, no choice made
             ood.append(f"the calibrated prior alone says {prior_ms[i]:.1f} ms a step on one "
                        f"{'CPU' if hw_name == 'cpu' else 'GPU'} here (gnn-ptp predict --hardware {hw_name} "
-                       f"--analytic{' --cpu-kind ' + prior_kind if prior_kind else ''}; beyond the sizes the "
-                       "checkpoint saw, its answer is extrapolated)")
+                       f"--analytic{' --cpu-kind ' + prior_kind if prior_kind else ''}; outside its training "
+                       "range the checkpoint's answer rests on no step like this one)")
         notes = ([kind_note] if kind_note else []) + ([untrained[p]] if p in untrained else []) + ood
         if left_out_note:
             notes.insert(0, left_out_note)
@@ -710,7 +710,7 @@ def predict_many(spec: str, precisions: list[str], batch_size: int, seq_len: int
         if sharded is not None:
             pred.comm_total_ms, pred.fabric = sharded.comm_total_ms, profile.level(gpus, nodes).name
         if not analytic:
-            pred.expected_error = checkpoint_error(meta, info["family"], outside=bool(ood_notes[i]),
+            pred.expected_error = checkpoint_error(meta, info.get("family"), outside=bool(ood_notes[i]),
                                                    other_kind=moved)
         if analytic:
             err = dict(meta["expected_error"])
