@@ -628,9 +628,10 @@ def predict_many(spec: str, precisions: list[str], batch_size: int, seq_len: int
         total_steps = math.ceil(round(epochs * dataset_size / global_batch, 6))
     slowdown = profile.compute_slowdown(gpus, nodes) if profile is not None else 1.0
     ood_notes = [[] if analytic else _ood_warnings(t["u"], t, meta) for t, _ in graphs]
-    prior_kind = cpu_kind if hw_name != "cpu" or cpu_kind else _checkpoint_cpu_kind(model)
-    prior_ms = _prior_step_ms([t for t, _ in graphs], [i for i, n in enumerate(ood_notes) if n], hw_name, grad_accum,
-                              prior_kind)
+    outside = [i for i, n in enumerate(ood_notes) if n]
+    # the stored descriptors are read only where a note will quote a CPU kind's prior
+    prior_kind = _checkpoint_cpu_kind(model) if outside and hw_name == "cpu" and not cpu_kind else cpu_kind
+    prior_ms = _prior_step_ms([t for t, _ in graphs], outside, hw_name, grad_accum, prior_kind)
     results = []
     for i, (p, (tensors, info)) in enumerate(zip(precisions, graphs)):
         fwd, bwd, opt = out["log_phase_ms"][i].exp().tolist()
@@ -712,7 +713,7 @@ def predict_many(spec: str, precisions: list[str], batch_size: int, seq_len: int
         if not analytic:
             pred.expected_error = checkpoint_error(meta, info.get("family"), outside=bool(ood_notes[i]),
                                                    other_kind=moved)
-        if analytic:
+        else:
             err = dict(meta["expected_error"])
             this = _model_error(meta, info["family"], tensors)
             if this is not None:
