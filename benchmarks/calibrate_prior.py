@@ -318,6 +318,24 @@ def _depthwise_for(hw, device_kw: dict) -> dict:
     return kw
 
 
+def _probes_for(hw, data: Path, device_kw: dict):
+    """``hw`` with its kind's depthwise probes (``Hardware.depthwise_probe_s``, from the descriptor of
+    ``data``'s records) where ``device_kw`` asks for ``depthwise_probes``; a kind without them cannot be
+    fitted so."""
+    from dataclasses import replace
+
+    from gnn_ptp import descriptor
+
+    if not device_kw.get("depthwise_probes"):
+        return hw
+    desc = descriptor.for_env(_first_env(data)) if hw.kind == "cpu" else None
+    if desc is None or not desc.depthwise_probe_s:
+        raise UserError(f"--depthwise-probes: the hardware of {data} has no depthwise probes "
+                        "(python -m gnn_ptp.descriptor --depthwise-probes --write on that CPU)")
+    print(f"depthwise probes of {desc.name}: {len(desc.depthwise_probe_s)} shapes")
+    return replace(hw, depthwise_probe_s=desc.depthwise_probe_s)
+
+
 def _layouts_for(hw, data: Path, device_kw: dict):
     """``hw`` with its kind's measured GEMM layout ratios (``Hardware.gemm_layout_ratio``, from the
     descriptor of ``data``'s records) where ``device_kw`` asks for ``gemm_layouts``; the fit's hardware is
@@ -347,7 +365,7 @@ def fit_profiles(data: Path, fit_families: list[str], **device_kw) -> tuple[dict
     from gnn_ptp import prior_fit
 
     hw, samples, seconds = prior_fit.load_profiled(data)
-    hw = _layouts_for(hw, data, device_kw)
+    hw = _probes_for(_layouts_for(hw, data, device_kw), data, device_kw)
     device_kw = _depthwise_for(hw, device_kw)
     fit_s = [s for s in samples if s.family in fit_families]
     held_s = [s for s in samples if s.family not in fit_families]
@@ -388,7 +406,7 @@ def fit_profiles_lofo(data: Path, hold_out: list[str] = (), score_only: bool = F
     from gnn_ptp import prior_fit
 
     hw, samples, seconds = prior_fit.load_profiled(data)
-    hw = _layouts_for(hw, data, device_kw)
+    hw = _probes_for(_layouts_for(hw, data, device_kw), data, device_kw)
     device_kw = _depthwise_for(hw, device_kw)
     print(f"leave one family out ({len({s.family for s in samples})} families, {len(samples)} steps):")
     lofo = prior_fit.leave_one_family_out(samples, seconds, hw, log=print, jobs=jobs, **device_kw)
@@ -468,7 +486,7 @@ def _section(hw, env: dict, source: str, summary: str, by_class: str, fitted: di
             **({"vector_fraction": fitted["vector_fraction"]} if fitted.get("vector_fraction") else {}),
             **({k: fitted[k] for k in ("memory_fraction", "memory_half_size", "streaming", "depthwise",
                                        "conv_intensity", "channel_ramp", "gemm_layouts", "layout_levels",
-                                       "slow_conv")
+                                       "slow_conv", "depthwise_probes")
                 if fitted.get(k)}),
             **({"fresh_threshold_bytes": fitted["fresh"]["threshold_bytes"],
                 "fresh_s_per_byte": fitted["fresh"]["s_per_byte"]} if fitted.get("fresh") else {}),
@@ -624,6 +642,12 @@ def main() -> None:
                          "element: prior.Profile.slow_conv) instead of the FLOPs curves (declared on the fourth CPU "
                          "kind in the twenty-sixth session, it passed: each family left out 24.5 -> 18.4 %% over its "
                          "399 steps, so its section has it; README *A fourth CPU kind*)")
+    ap.add_argument("--depthwise-probes", action="store_true",
+                    help="with --profiles on a CPU kind whose descriptor has depthwise probes (python -m "
+                         "gnn_ptp.descriptor --depthwise-probes --write there): channels-last depthwise convolutions "
+                         "(ConvNeXt's; torch runs another kernel for them, whose weight gradient jumps 10-15x "
+                         "between 640 and 768 channels on the first kind) priced from the probes, not fitted "
+                         "(prior.Profile.depthwise_probes)")
     ap.add_argument("--jobs", type=int, default=1,
                     help="with --lofo/--lofo-only: families left out in this many processes at once (each fit "
                          "on one thread; the scores do not depend on it)")
@@ -667,6 +691,7 @@ def main() -> None:
               **({"bounded_layout_curves": True} if args.bounded_layout_curves else {}),
               **({"layout_levels": True} if args.layout_levels else {}),
               **({"slow_conv": ("bf16",)} if args.slow_conv_law else {}),
+              **({"depthwise_probes": True} if args.depthwise_probes else {}),
               **(KERNEL_CLASSES if args.kernel_classes else {})}
         if args.lofo_only:
             _, e = fit_profiles_lofo(args.profiles, score_only=True, jobs=args.jobs, **kw)

@@ -79,8 +79,17 @@ class Descriptor:
     ``ops.GEMM_LAYOUTS``) measured the same way (``measure_gemm_layouts``); empty where not measured. A CPU
     without a fast bf16 path runs each layout through another kernel (the fourth kind here: 1.3 to 24 GFLOP/s
     in bf16); a prior fitted with them prices each GEMM at its layout's ceiling (``prior.Profile.gemm_layouts``)."""
+    depthwise_probe_s: tuple = field(default=(), compare=False)
+    """Depthwise convolutions of a grid of shapes timed apart, one row each (``depthwise_table.measure``:
+    dtype, input layout, batch, channels, pixels a side, taps, forward and backward seconds); empty where not
+    measured. A prior whose section says so prices a step's channels-last depthwise convolutions from them
+    (``prior.Profile.depthwise_probes``): torch runs another kernel for those, with a cliff in the channels no
+    law fitted to other families' steps can know. Not part of a descriptor's identity (``==``, ``transfer``):
+    a checkpoint's stored descriptor without them is still its kind's."""
 
     def __post_init__(self):
+        if not isinstance(self.depthwise_probe_s, tuple):  # one object for every Hardware built from it
+            object.__setattr__(self, "depthwise_probe_s", tuple(self.depthwise_probe_s))
         if self.kind not in ("cpu", "gpu"):
             raise UserError(f"hardware descriptor {self.name!r}: kind {self.kind!r} is not one of cpu, gpu")
         missing = [d for d in GEMM_DTYPES if not self.gemm_flops_per_s.get(d, 0) > 0]
@@ -102,7 +111,7 @@ class Descriptor:
         return Hardware(self.name, self.description, dict(self.gemm_flops_per_s),
                         vector_flops_per_s=self.vector_flops_per_s,
                         memory_bandwidth_Bps=self.memory_bandwidth_Bps, source=self.source, kind=self.kind,
-                        gemm_layout_ratio=self.layout_ratios())
+                        gemm_layout_ratio=self.layout_ratios(), depthwise_probe_s=self.depthwise_probe_s)
 
     def layout_ratios(self) -> dict[str, float]:
         """``Hardware.gemm_layout_ratio`` from ``gemm_layout_flops_per_s``: each layout's rate over the nn
@@ -249,7 +258,8 @@ def transfer(profile, source: "Descriptor", target: "Descriptor", mode: str | No
     moved = Hardware(target.name, target.description, rates,
                      vector_flops_per_s=hw.vector_flops_per_s * ratio["vector"],
                      memory_bandwidth_Bps=hw.memory_bandwidth_Bps * ratio["memory"],
-                     source=target.source, kind=target.kind, gemm_layout_ratio=target.layout_ratios())
+                     source=target.source, kind=target.kind, gemm_layout_ratio=target.layout_ratios(),
+                     depthwise_probe_s=target.depthwise_probe_s)  # measured on the target itself
     host = target.launch_floor_s / source.launch_floor_s
 
     def scaled(costs):
@@ -873,6 +883,10 @@ def main(argv=None) -> int:
     p.add_argument("--layouts", action="store_true",
                    help="measure only the GEMM rate of each operand layout (nn, nt, tn, tt) and add it to this "
                         "CPU's stored descriptor, keeping the rest (with --runs N: the median of N)")
+    p.add_argument("--depthwise-probes", action="store_true",
+                   help="measure only depthwise convolutions of a grid of shapes with a channels-last input "
+                        "(gnn_ptp/depthwise_table.py, about 3 minutes on one thread) and add them to this CPU's "
+                        "stored descriptor, keeping the rest")
     p.add_argument("--fresh-from-gloo", metavar="NAME",
                    help="give stored CPU descriptor NAME the fresh-allocation cost its kind's shipped gloo "
                         "profile measured (cpu-gloo-NAME, the 2-rank FSDP fresh-buffer figure): for a kind "
@@ -886,15 +900,16 @@ def main(argv=None) -> int:
             print(f"written to {write(d)}", file=sys.stderr)
         return 0
 
-    if args.write and not (args.measure or args.probes or args.fresh or args.layouts or args.fresh_from_gloo):
-        print("python -m gnn_ptp.descriptor: error: --write needs --measure, --probes, --fresh, --layouts or "
-              "--fresh-from-gloo", file=sys.stderr)
+    if args.write and not (args.measure or args.probes or args.fresh or args.layouts or args.depthwise_probes
+                           or args.fresh_from_gloo):
+        print("python -m gnn_ptp.descriptor: error: --write needs --measure, --probes, --fresh, --layouts, "
+              "--depthwise-probes or --fresh-from-gloo", file=sys.stderr)
         return 2
     if args.runs < 1 or (args.runs > 1 and not (args.measure or args.layouts or args.probes)):
         print(f"python -m gnn_ptp.descriptor: error: --runs {args.runs}: a whole number >= 1, and more than 1 "
               "only with --measure, --probes or --layouts", file=sys.stderr)
         return 2
-    if args.fresh_from_gloo and (args.measure or args.probes or args.fresh or args.layouts):
+    if args.fresh_from_gloo and (args.measure or args.probes or args.fresh or args.layouts or args.depthwise_probes):
         print("python -m gnn_ptp.descriptor: error: --fresh-from-gloo takes a stored kind's figure and measures "
               "nothing: give it without --measure, --probes, --fresh or --layouts", file=sys.stderr)
         return 2
@@ -911,10 +926,11 @@ def main(argv=None) -> int:
             print(f"python -m gnn_ptp.descriptor: error: {e}", file=sys.stderr)
             return 2
         return show(d)
-    if args.probes or args.fresh or args.layouts:
+    if args.probes or args.fresh or args.layouts or args.depthwise_probes:
         name = stored_name(cpu_model())
         stored = stored_cpus().get(name)
-        flag = "--probes" if args.probes else "--fresh" if args.fresh else "--layouts"
+        flag = ("--probes" if args.probes else "--fresh" if args.fresh else "--layouts" if args.layouts
+                else "--depthwise-probes")
         if stored is None:
             print(f"python -m gnn_ptp.descriptor: error: {flag}: no stored descriptor {name!r} for this CPU "
                   f"in {DESCRIPTOR_DIR}/; measure it whole: --measure --write", file=sys.stderr)
@@ -923,6 +939,13 @@ def main(argv=None) -> int:
         d = with_step_probes(stored, args.threads, log=log, runs=args.runs) if args.probes else stored
         d = with_fresh_alloc(d, args.threads, log=log) if args.fresh else d
         d = with_gemm_layouts(d, args.threads, args.runs, log=log) if args.layouts else d
+        if args.depthwise_probes:
+            from dataclasses import replace
+
+            from gnn_ptp import depthwise_table
+
+            d = replace(d, depthwise_probe_s=tuple(depthwise_table.measure(threads=args.threads, log=log)),
+                        extra={**d.extra, "depthwise_probes": depthwise_table.provenance(args.threads)})
         return show(d)
     if args.measure and args.write and slug(cpu_model()) in SAME_KIND:
         name = stored_name(cpu_model())

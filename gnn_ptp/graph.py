@@ -15,8 +15,10 @@ Tensors of a ``Data``:
   all-reduce overlap model)
 - ``fresh_bytes`` [N, 2]: bytes of the outputs each kernel allocates, and the largest of them (not a
   feature: for the prior's page-fault cost of fresh CPU allocations, ``prior.Profile.fresh_s_per_byte``)
-- ``gemm_layout`` [N] long: a two-operand GEMM's operand layout (``ops.GEMM_LAYOUTS``; 0 for other
-  kernels; not a feature: for a CPU prior fitted with per-layout GEMM ceilings, ``prior.Profile.gemm_layouts``)
+- ``gemm_layout`` [N] long: a two-operand GEMM's operand layout (``ops.GEMM_LAYOUTS``), ``ops.CHANNELS_LAST``
+  for a convolution with a channels-last input, 0 for other kernels; not a feature: for a CPU prior fitted
+  with per-layout GEMM ceilings (``prior.Profile.gemm_layouts``) or channels-last depthwise laws
+  (``prior.Profile.depthwise``)
 """
 
 from __future__ import annotations
@@ -34,6 +36,10 @@ FEATURE_VERSION = "4"  # 2: causal attention backward and grouped-conv backward 
 # 3: float16 softmax with a float32 result is one kernel, as on CUDA
 # 4: CPU targets trace the single-tensor optimizer torch.optim runs on CPUs (step counters included);
 #    GradScaler's per-device copies; .backward() instead of autograd.grad
+LAYOUT_VERSION = "2"
+"""Version of the per-node attributes that are not features (``gemm_layout``): 2 marks a convolution's
+channels-last input. Graph caches are keyed by it (``dataset._cache_path``, ``prediction._graph_key``), so a
+graph traced before carries it; checkpoints are not (``FEATURE_VERSION`` is theirs)."""
 NODE_FEATURES = 16
 FLOP_DTYPES = ("fp32", "tf32", "fp16", "bf16")
 GRAPH_FEATURE_NAMES = (

@@ -32,6 +32,11 @@ class Hardware:
     """Per "<dtype>:<layout>" ("bf16:tn"; ``ops.GEMM_LAYOUTS``), the measured GEMM rate of that operand
     layout over the nn rate (``descriptor.measure_gemm_layouts``); empty where not measured (every GPU)."""
 
+    depthwise_probe_s: tuple = field(default=(), compare=False)
+    """Depthwise convolutions measured apart on this hardware (a CPU descriptor's ``depthwise_probe_s``,
+    ``depthwise_table.measure``); empty where not measured. A prior whose section says so prices a
+    channels-last one from them (``prior.Profile.depthwise_probes``)."""
+
     def layout_ratio(self, dtype: str, layout: str) -> float:
         """How much faster than ``flops_rate`` a GEMM of ``layout`` runs in ``dtype`` (1 where unmeasured)."""
         return self.gemm_layout_ratio.get(f"{dtype}:{layout}", 1.0)

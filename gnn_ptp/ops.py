@@ -177,8 +177,10 @@ class OpCost:
     fresh_largest_bytes: float = 0.0
     """The largest of those outputs (the threshold applies per allocation)."""
     gemm_layout: int = 0
-    """Index into ``GEMM_LAYOUTS`` of a two-operand GEMM's operand layout (``gemm_layout``); 0 for any other
-    op. On a CPU without a fast bf16 GEMM the kernel torch runs depends on it (``prior.Profile.gemm_layouts``)."""
+    """Index into ``GEMM_LAYOUTS`` of a two-operand GEMM's operand layout (``gemm_layout``); ``CHANNELS_LAST``
+    for a convolution whose input is channels-last (``conv_layout``); 0 for any other op. On a CPU without a
+    fast bf16 GEMM the kernel torch runs depends on a GEMM's (``prior.Profile.gemm_layouts``), and on every CPU
+    a depthwise convolution's on its input's (``prior.Profile.depthwise``)."""
 
 
 GEMM_LAYOUTS = ("", "nn", "nt", "tn", "tt")
@@ -191,6 +193,49 @@ weight gradient, ``grad.t() @ x``), where fp32 runs all four at 83-90 (its descr
 README, *A fourth CPU kind*)."""
 _GEMM_OPERANDS = {"mm": (0, 1), "bmm": (0, 1), "addmm": (1, 2), "baddbmm": (1, 2), "addbmm": (1, 2)}
 """Where a GEMM op's two matrix operands sit among its arguments."""
+
+
+CHANNELS_LAST = len(GEMM_LAYOUTS)
+"""The operand-layout code (graph.py's ``gemm_layout``, past ``GEMM_LAYOUTS``) of a convolution whose input is
+channels-last strided and not contiguous (``conv_layout``): ConvNeXt's, whose blocks permute to channels-last
+for their LayerNorm and linear layers and add the result back onto the block's input, and any model moved
+``.to(memory_format=torch.channels_last)``. Torch runs another kernel for it: on one thread of the first CPU
+kind a 7x7 depthwise convolution over 768 channels of 2x2 pixels takes 19-22 ms backward with a
+channels-last input and 3.4 ms with a contiguous one, where its forward takes 0.06 against 3.4 ms
+(``benchmarks/depthwise_probes.py``; README *The CPU prior*)."""
+
+
+def conv_layout(op: str, args) -> int:
+    """``CHANNELS_LAST`` for a convolution (forward or its fused backward) whose 4-d input torch reads as
+    channels-last (``channels_last_strides``: what ``Tensor::suggest_memory_format``, which picks the CPU
+    convolution's kernel, says); 0 otherwise."""
+    if op in ("convolution", "_convolution", "cudnn_convolution"):
+        x = args[0] if args else None
+    elif op == "convolution_backward":
+        x = args[1] if len(args) > 1 else None
+    else:
+        return 0
+    if not isinstance(x, (torch.Tensor, TensorMeta)) or x.dim() != 4:
+        return 0
+    return CHANNELS_LAST if channels_last_strides(tuple(x.shape), tuple(x.stride())) else 0
+
+
+def channels_last_strides(sizes: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """Whether torch takes a 4-d tensor of these sizes and strides for channels-last (c10's
+    ``is_channels_last_strides_2d_s4``, behind ``suggest_memory_format``): its strides grow in the order C, W,
+    H, N, ambiguous cases (size-1 dims with equal strides, a zero channel stride) going to contiguous. A
+    ConvNeXt block's [N, 768, 1, 1] input, permuted from [N, 1, 1, 768], is channels-last by this rule though
+    it is also contiguous, and torch runs it so."""
+    if len(sizes) != 4 or strides[1] == 0:
+        return False
+    low = 0
+    for d in (1, 3, 2, 0):
+        if sizes[d] == 0 or strides[d] < low:
+            return False
+        if d == 0 and low == strides[1]:
+            return False
+        low = strides[d] * (sizes[d] if sizes[d] > 1 else 1)
+    return True
 
 
 def _transposed(t) -> bool:
@@ -366,7 +411,7 @@ def op_cost(node, precision) -> OpCost:
                   tuple(out_main.shape) if out_main is not None else (),
                   tuple(in_main.shape) if in_main is not None else (),
                   n_tensors, tensor_core, aligned, float(sum(fresh)), float(max(fresh, default=0)),
-                  gemm_layout(op, args) if cat == "matmul" else 0)
+                  gemm_layout(op, args) if cat == "matmul" else conv_layout(op, args) if cat == "conv" else 0)
 
 
 def _fresh_outputs(target, out) -> list:

@@ -163,6 +163,7 @@ def _graph_key(config: StepConfig) -> str:
                "precision": config.precision, "optimizer": config.optimizer, "target": config.target,
                "kernels": config.kernels,
                "feature_version": graph_mod.FEATURE_VERSION, "memory_version": MEMORY_VERSION,
+               "layout_version": graph_mod.LAYOUT_VERSION,
                "torch": torch.__version__,
                "transformers": transformers.__version__}
     if config.target == "cuda":  # only CUDA graphs follow cuda_dispatch's kernel choices: CPU keys stay as they were

@@ -232,6 +232,13 @@ class Profile:
     1x1 map runs at 0.08 GFLOP/s and a random CNN's 32x32 one at 9 (README, *A fourth CPU kind*). Other
     nodes, and a (direction, dtype) without a law, use the curves."""
 
+    depthwise_probes: bool = False
+    """Where fitted so (``prior_fit.fit_device(depthwise_probes=True)``), a depthwise-like convolution with a
+    channels-last input (``ops.CHANNELS_LAST``) is priced from its hardware's depthwise probes
+    (``Hardware.depthwise_probe_s``, ``depthwise_table``), not by the law or the curves: torch runs another
+    kernel for it, whose weight gradient on the first CPU kind jumps 10-15x between 640 and 768 channels
+    (7x7). Hardware without probes, and every other node, are priced as without it."""
+
     @property
     def serial(self) -> bool:
         """A CPU: the thread that issues a kernel runs it, so a phase with host costs is their plain sum,
@@ -466,7 +473,7 @@ def calibration() -> dict:
 PREDICTIVE_KEYS = ("gemm", "vector", "memory", "launch_floor_s", "host_issue_s", "host_fixed_s")
 OPTIONAL_PREDICTIVE_KEYS = ("vector_fraction", "memory_fraction", "memory_half_size", "streaming",
                             "fresh_threshold_bytes", "fresh_s_per_byte", "depthwise", "conv_intensity",
-                            "channel_ramp", "gemm_layouts", "slow_conv")
+                            "channel_ramp", "gemm_layouts", "slow_conv", "depthwise_probes")
 """Predictive keys a section may lack; the digest covers them only where present, so that a section
 written before they existed keeps its digest (and the checkpoints trained over it stay valid)."""
 
@@ -503,7 +510,8 @@ def profile_from_dict(hw: Hardware, d: dict) -> Profile:
                    borrowed_depthwise(hw, d), conv_intensity=d.get("conv_intensity", "tensor"),
                    channel_ramp={k: (float(v[0]), float(v[1])) for k, v in d.get("channel_ramp", {}).items()},
                    gemm_layouts=bool(d.get("gemm_layouts", False)),
-                   slow_conv={k: tuple(float(v) for v in c) for k, c in d.get("slow_conv", {}).items()})
+                   slow_conv={k: tuple(float(v) for v in c) for k, c in d.get("slow_conv", {}).items()},
+                   depthwise_probes=bool(d.get("depthwise_probes", False)))
 
 
 def borrowed_depthwise(hw: Hardware, d: dict) -> dict[str, tuple[float, ...]]:
@@ -561,7 +569,7 @@ def layout_factor(hw: Hardware, dtype: torch.Tensor, layout: torch.Tensor | None
         return None
     layout = layout.reshape(-1).long()
     out = torch.ones(layout.shape[0], dtype=torch.float64)
-    has = layout > 0
+    has = (layout > 0) & (layout < len(ops.GEMM_LAYOUTS))  # a convolution's channels-last code is no GEMM's
     if not bool(has.any()):
         return out
     for d, code in set(zip(dtype[has].tolist(), layout[has].tolist())):
@@ -590,7 +598,7 @@ def _kernel_seconds(x: torch.Tensor, x_cat: torch.Tensor, profile: Profile,
     grouped = (grouped_conv(x, x_cat) if any(key.startswith(GROUPED_CONV) for key in profile.gemm)
                else torch.zeros_like(backward))
     optimizer = optimizer_memory_rows(x_cat[:, 3] == OPTIMIZER_PHASE, gemm, profile)
-    lay = (layout.reshape(-1).long() if profile.layout_curves and layout is not None
+    lay = (gemm_layouts_only(layout) if profile.layout_curves and layout is not None
            else torch.zeros_like(category))
     rate = torch.empty_like(flops)
     peaks = [torch.empty_like(flops) for _ in ceilings]
@@ -711,6 +719,17 @@ def depthwise_key(backward: bool, dtype: str) -> str:
     return f"{'backward' if backward else 'forward'}:{dtype}"
 
 
+def channels_last(layout: torch.Tensor) -> torch.Tensor:
+    """Per node (bool [N]) whether ``gemm_layout`` marks a convolution with a channels-last input."""
+    return layout.reshape(-1).long() == ops.CHANNELS_LAST
+
+
+def gemm_layouts_only(layout: torch.Tensor) -> torch.Tensor:
+    """``gemm_layout`` with every code that is no GEMM's (``ops.CHANNELS_LAST``) read as 0."""
+    layout = layout.reshape(-1).long()
+    return torch.where(layout < len(ops.GEMM_LAYOUTS), layout, torch.zeros_like(layout))
+
+
 def depthwise_law_seconds(shapes: torch.Tensor, backward: torch.Tensor, dtypes: list[str],
                           law: dict[str, tuple[float, ...]]) -> torch.Tensor:
     """Per node (float64 [N]) its time by a depthwise law (``Profile.depthwise``) from its shape
@@ -752,9 +771,25 @@ def node_seconds(x: torch.Tensor, x_cat: torch.Tensor, profile: Profile,
         source_s, (source_ideal_s, target_ideal_s) = _kernel_seconds(x, x_cat, source, source_ceilings,
                                                                      target_ceilings, layout=layout)
         seconds = split_moved_seconds(source_s, source_ideal_s, target_ideal_s, rest_ratio)
+    if profile.depthwise_probes and profile.hardware.depthwise_probe_s and layout is not None:
+        seconds = probed_depthwise(seconds, x, x_cat, layout, profile.hardware)
     seconds = torch.maximum(seconds, torch.full_like(seconds, profile.launch_floor_s))
     faults = fresh_seconds(fresh, profile.fresh_threshold_bytes, profile.fresh_s_per_byte)
     return seconds if faults is None else seconds + faults
+
+
+def probed_depthwise(seconds: torch.Tensor, x: torch.Tensor, x_cat: torch.Tensor, layout: torch.Tensor,
+                     hw: Hardware) -> torch.Tensor:
+    """``seconds`` with every channels-last depthwise-like convolution's time taken from ``hw``'s depthwise
+    probes (``Profile.depthwise_probes``) where they have its dtype and direction."""
+    from gnn_ptp import depthwise_table
+
+    cl = channels_last(layout)
+    if not bool(cl.any()):
+        return seconds
+    by_table = depthwise_table.priced(depthwise_shapes(x, x_cat), x_cat[:, 3] == BACKWARD_PHASE,
+                                      [ops.DTYPES[d] for d in x_cat[:, 2].tolist()], cl, hw.depthwise_probe_s)
+    return torch.where(torch.isnan(by_table), seconds, by_table)
 
 
 PHASE_NAMES = PHASES

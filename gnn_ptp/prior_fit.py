@@ -407,7 +407,7 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
                own_vector: tuple[str, ...] = (), own_memory: tuple[str, ...] = (),
                gemm_layouts: bool = False, layout_curves: bool = False,
                bounded_layout_curves: bool = False, layout_levels: bool = False,
-               slow_conv: tuple[str, ...] = ()) -> dict:
+               slow_conv: tuple[str, ...] = (), depthwise_probes: bool = False) -> dict:
     """Curves (``prior.Curve`` dicts) for GEMM-like kernels per category and dtype (``by_category``; else per
     dtype), other compute ("vector"), memory traffic, and the device floor in seconds, fitted to ``rows``.
     With ``intensity`` the compute curves also ramp with arithmetic intensity; with ``vector_by_category``
@@ -456,9 +456,15 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
     in the result says how they were fitted). With ``slow_conv`` dtypes ("bf16"), each direction's dense
     convolutions of those dtypes get a law in their shape (``fit_slow_conv``, ``prior.Profile.slow_conv``),
     fitted to every such row; the curves are fitted as without it (the law overrides them where it
-    applies, and a prior moved to another kind drops it: ``descriptor.transfer``)."""
+    applies, and a prior moved to another kind drops it: ``descriptor.transfer``). With ``depthwise_probes``
+    and ``hw`` carrying depthwise probes (``Hardware.depthwise_probe_s``), the channels-last depthwise
+    convolutions are priced from them (``prior.Profile.depthwise_probes``) and left out of the law and the
+    curves; without probes it changes nothing."""
     slow = fit_slow_conv(rows, tuple(slow_conv), fresh)
     fit_fresh = bool(fresh) and fresh.get("s_per_byte") is None
+    probed = depthwise_probes and bool(hw.depthwise_probe_s)
+    if probed:  # priced from the probes: neither the law nor the curves are fitted to them
+        rows = take(rows, torch.isnan(probed_rows(rows, hw)))
     law, rows = _depthwise_apart(rows, None if fit_fresh else fresh) if depthwise else ({}, rows)
     if streaming is None:
         streaming = STREAMING if memory_by_category and hw.kind != "cpu" else ()
@@ -556,6 +562,8 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
             out["conv_intensity"] = conv_intensity
         if gemm_layouts:
             out["gemm_layouts"] = True
+        if probed:
+            out["depthwise_probes"] = True
         if lshifts:
             out["layout_levels"] = True
         if "cramp:batch_norm" in params:
@@ -600,6 +608,17 @@ def fit_depthwise(rows: KernelRows, fresh: dict | None = None) -> tuple[dict, to
             law[prior.depthwise_key(b, d)] = [float(c) for c in coef]
             on_law |= m
     return law, on_law
+
+
+def probed_rows(rows: KernelRows, hw: Hardware) -> torch.Tensor:
+    """Per row (float64 [R]) its seconds from ``hw``'s depthwise probes where it is a channels-last
+    depthwise-like convolution they price (``prior.Profile.depthwise_probes``), NaN elsewhere."""
+    from gnn_ptp import depthwise_table
+
+    if rows.depthwise is None or rows.layout is None or not hw.depthwise_probe_s:
+        return torch.full((len(rows),), float("nan"), dtype=torch.float64)
+    return depthwise_table.priced(rows.depthwise, rows.backward_mask(), rows.dtype, prior.channels_last(rows.layout),
+                                  hw.depthwise_probe_s)
 
 
 def _nnls(A: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -663,6 +682,8 @@ def device_profile(hw: Hardware, fitted: dict, host_s=None, fixed_s=None) -> pri
         d["channel_ramp"] = fitted["channel_ramp"]
     if fitted.get("gemm_layouts"):
         d["gemm_layouts"] = True
+    if fitted.get("depthwise_probes"):
+        d["depthwise_probes"] = True
     if fitted.get("fresh"):
         d["fresh_threshold_bytes"] = fitted["fresh"]["threshold_bytes"]
         d["fresh_s_per_byte"] = fitted["fresh"]["s_per_byte"]
@@ -724,6 +745,9 @@ def _prior_seconds(rows: KernelRows, profile: prior.Profile) -> torch.Tensor:
         if law and feats is not None:  # as prior.node_seconds prices a graph's nodes
             by_law = law_seconds(feats, rows.backward_mask(), rows.dtype, law)
             seconds = torch.where(torch.isnan(by_law), seconds, by_law)
+    if profile.depthwise_probes:  # as prior.node_seconds
+        by_table = probed_rows(rows, hw)
+        seconds = torch.where(torch.isnan(by_table), seconds, by_table)
     seconds = torch.maximum(seconds, torch.full_like(compute, profile.launch_floor_s))
     faults = prior.fresh_seconds(rows.fresh, profile.fresh_threshold_bytes, profile.fresh_s_per_byte)
     return seconds if faults is None else seconds + faults
@@ -885,7 +909,8 @@ def section_options(section: dict) -> dict:
             "bounded_layout_curves": any(prior.LAYOUT_MARK in k and v.get("size_max", 0) > 0
                                          for k, v in section.get("gemm", {}).items()),
             "layout_levels": bool(section.get("layout_levels")),
-            "slow_conv": tuple(sorted({k.split(":")[1] for k in section.get("slow_conv", {})}))}
+            "slow_conv": tuple(sorted({k.split(":")[1] for k in section.get("slow_conv", {})})),
+            "depthwise_probes": bool(section.get("depthwise_probes"))}
 
 
 MAX_ROWS = 80_000

@@ -29,13 +29,18 @@ def mlp2_three(batch_size, seq_len, image_size, in_features=24, hidden=40, out_f
     return model, inputs, lambda output: output.pow(2).mean()
 
 
-def conv2(batch_size, seq_len, image_size, cin=3, c1=16, c2=24, k=3, stride=1, padding=1, groups=1):
-    """Conv2d -> ReLU -> Conv2d, no bias, sum-of-squares loss."""
+def conv2(batch_size, seq_len, image_size, cin=3, c1=16, c2=24, k=3, stride=1, padding=1, groups=1,
+          channels_last=0):
+    """Conv2d -> ReLU -> Conv2d, no bias, sum-of-squares loss; with ``channels_last`` the model and its input
+    in torch.channels_last memory format (what GPU training under AMP is advised to use)."""
     model = nn.Sequential(nn.Conv2d(cin, c1, k, stride, padding, bias=False), nn.ReLU(),
                           nn.Conv2d(c1, c2, k, 1, padding, groups=groups, bias=False))
     size = image_size or 16
-    inputs = (torch.randn(batch_size, cin, size, size),)
-    return model, inputs, lambda output: output.float().square().mean()
+    x = torch.randn(batch_size, cin, size, size)
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
+        x = x.contiguous(memory_format=torch.channels_last)
+    return model, (x,), lambda output: output.float().square().mean()
 
 
 class _Attention(nn.Module):

@@ -329,6 +329,51 @@ def test_fresh_bytes_are_the_outputs_a_kernel_allocates():
     assert bool((data.fresh_bytes[:, 1] <= data.fresh_bytes[:, 0]).all())
 
 
+def test_conv_layout_marks_a_convolution_whose_input_is_channels_last():
+    """``ops.conv_layout``: a convolution (forward: its first argument; fused backward: its second) whose
+    4-d input torch reads as channels-last (``ops.channels_last_strides``, checked against torch's own rule
+    on permuted tensors, ambiguous size-1 dims included) gets ``ops.CHANNELS_LAST`` in ``gemm_layout``; a
+    contiguous input, a GEMM or any other op does not. A model moved to channels_last traces so on every
+    convolution, forward and backward, and the code is never read as a GEMM layout
+    (``prior.layout_factor``, ``prior.gemm_layouts_only``)."""
+    from gnn_ptp import prior
+    from gnn_ptp.hardware import Hardware
+
+    x = torch.zeros(2, 8, 5, 5)
+    cl = x.contiguous(memory_format=torch.channels_last)
+    w, g = torch.zeros(8, 1, 3, 3), torch.zeros(2, 8, 5, 5)
+    assert ops.conv_layout("convolution", (x, w)) == 0
+    assert ops.conv_layout("convolution", (cl, w)) == ops.CHANNELS_LAST
+    assert ops.conv_layout("convolution_backward", (g, cl, w)) == ops.CHANNELS_LAST
+    assert ops.conv_layout("convolution_backward", (cl, x, w)) == 0  # the gradient's layout is not the input's
+    assert ops.conv_layout("convolution", (torch.zeros(2, 8, 1, 1), w)) == 0
+    assert ops.conv_layout("convolution", (torch.zeros(2, 1, 1, 8).permute(0, 3, 1, 2), w)) == ops.CHANNELS_LAST
+    assert ops.conv_layout("convolution", (torch.zeros(2, 8, 5, 5).permute(0, 1, 3, 2), w)) == 0  # neither layout
+    assert ops.conv_layout("add", (cl, cl)) == 0 and ops.CHANNELS_LAST >= len(ops.GEMM_LAYOUTS)
+    from torch._prims_common import suggest_memory_format  # the rule torch's own Python side keeps
+
+    for shape, order in (((2, 8, 1, 1), (0, 2, 3, 1)), ((2, 8, 1, 1), (0, 1, 2, 3)), ((1, 8, 1, 4), (0, 2, 3, 1)),
+                         ((2, 1, 3, 3), (0, 2, 3, 1)), ((1, 1, 1, 1), (0, 2, 3, 1)), ((2, 3, 4, 5), (0, 3, 2, 1)),
+                         ((1, 4, 1, 6), (0, 3, 2, 1)), ((3, 8, 2, 1), (0, 2, 3, 1)), ((2, 8, 4, 4), (0, 2, 3, 1))):
+        t = torch.zeros([shape[i] for i in order]).permute(*[order.index(i) for i in range(4)])
+        assert tuple(t.shape) == shape
+        assert ops.channels_last_strides(tuple(t.shape), t.stride()) == (
+            suggest_memory_format(t) == torch.channels_last), (shape, order, t.stride())
+
+    for channels_last, expected in ((0, 0), (1, ops.CHANNELS_LAST)):
+        traced = trace_step(StepConfig(py_spec("conv2", c1=16, c2=16, groups=16, channels_last=channels_last),
+                                       Shape(4, None, 12), "fp32", target="cpu"))
+        tensors, _ = graph.to_tensors(traced)
+        conv = tensors["x_cat"][:, 1] == ops.CATEGORIES.index("conv")
+        layout = tensors["gemm_layout"]
+        assert int(conv.sum()) == 4 and set(layout[conv].tolist()) == {expected}
+        assert set(layout[~conv].tolist()) <= set(range(len(ops.GEMM_LAYOUTS)))
+    hw = Hardware("cpu-like", "a CPU", {"fp32": 1e11}, 1e10, 2e10, 1e9, kind="cpu", gemm_layout_ratio={"fp32:nt": 0.5})
+    dtype = torch.zeros(layout.shape[0], dtype=torch.long)
+    assert prior.layout_factor(hw, dtype, layout)[conv].tolist() == [1.0] * 4  # not a GEMM's ceiling
+    assert prior.gemm_layouts_only(layout)[conv].tolist() == [0] * 4
+
+
 def test_gemm_layout_says_which_operand_is_a_transposed_view():
     """``gemm_layout`` (``ops.GEMM_LAYOUTS``): a linear layer's forward is ``x @ W.t()`` ("nt"), its input
     gradient ``grad @ W`` ("nn") and its weight gradient ``grad.t() @ x`` ("tn"); every other kernel 0. On a

@@ -83,6 +83,7 @@ def test_kernel_choices_version_keys_cuda_caches_only(tmp_path, monkeypatch):
     payload = {"spec": cpu.spec.to_dict(), "shape": dataclasses.asdict(cpu.shape),
                "precision": "fp32", "optimizer": "adamw", "target": "cpu", "kernels": None,
                "feature_version": graph.FEATURE_VERSION, "memory_version": prediction.MEMORY_VERSION,
+               "layout_version": graph.LAYOUT_VERSION,
                "torch": torch.__version__, "transformers": transformers.__version__}
     assert keys["cpu"] == hashlib.sha1(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:20]
     assert f"-d{cuda_dispatch.DISPATCH_VERSION}" in paths["cuda"] and "-d" not in paths["cpu"].split("-tf")[1]
@@ -96,3 +97,22 @@ def test_kernel_choices_version_keys_cuda_caches_only(tmp_path, monkeypatch):
     assert node_labels._cache_path(tmp_path, cuda=True).name != labels["cuda"]
     model, meta = checkpoint.load(Path(__file__).resolve().parent.parent / "checkpoints" / "cpu")
     assert meta["feature_version"] == graph.FEATURE_VERSION == "4"
+
+
+def test_a_layout_version_rebuilds_every_graph_cache_and_no_checkpoint(tmp_path, monkeypatch):
+    """A change in the per-node attributes that are not features (``graph.LAYOUT_VERSION``: since 2 a
+    convolution's channels-last input in ``gemm_layout``) rebuilds the graph caches of both targets (the
+    dataset folder's, predict's per-graph one), so that no graph traced before lacks it, and leaves
+    FEATURE_VERSION, which the shipped checkpoints are checked against, as it was."""
+    from gnn_ptp import graph
+
+    configs = [dataset.step_config_of({**MLP, "precision": "fp32"}, "cpu"),
+               dataset.step_config_of({**MLP, "precision": "fp32"}, "cuda", kernels="2.11.0+cu130")]
+    keys = [prediction._graph_key(c) for c in configs]
+    paths = [dataset._cache_path(tmp_path, t, True).name for t in ("cpu", "cuda")]
+    feature = graph.FEATURE_VERSION
+    assert all(f"-l{graph.LAYOUT_VERSION}-" in p for p in paths)
+    monkeypatch.setattr(graph, "LAYOUT_VERSION", "test")
+    assert all(prediction._graph_key(c) != k for c, k in zip(configs, keys))
+    assert all(dataset._cache_path(tmp_path, t, True).name != p for t, p in zip(("cpu", "cuda"), paths))
+    assert graph.FEATURE_VERSION == feature

@@ -401,14 +401,15 @@ def test_section_options_read_how_a_shipped_section_was_fitted():
                                                        "channel_ramp": False, "conv_intensity": "tensor",
                                                        "gemm_layouts": False, "layout_curves": False,
                                                        "bounded_layout_curves": False, "layout_levels": False,
-                                                       "slow_conv": ()}
+                                                       "slow_conv": (), "depthwise_probes": False}
     full = {"vector_fraction": {"norm": 0.5}, "memory_fraction": {"copy:fp32": 1.0}, "channel_ramp": {"x": [1, 1]},
             "conv_intensity": "gemm", "gemm_layouts": True, "gemm": {"matmul@tn:bf16": {"size_max": 1e9}},
-            "layout_levels": True, "slow_conv": {"forward:bf16": [0.0] * 6, "backward:bf16": [0.0] * 6}}
+            "layout_levels": True, "slow_conv": {"forward:bf16": [0.0] * 6, "backward:bf16": [0.0] * 6},
+            "depthwise_probes": True}
     assert prior_fit.section_options(full) == {"vector_by_category": True, "memory_by_category": True,
                                                "channel_ramp": True, "conv_intensity": "gemm", "gemm_layouts": True,
                                                "layout_curves": True, "bounded_layout_curves": True,
-                                               "layout_levels": True, "slow_conv": ("bf16",)}
+                                               "layout_levels": True, "slow_conv": ("bf16",), "depthwise_probes": True}
     table = prior.calibration()
     assert prior_fit.section_options(table["cpu"])["vector_by_category"]  # per-category since the 19th session
     assert prior_fit.section_options(table["cpu-amd-epyc-family-26-model-2"])["memory_by_category"]
@@ -818,6 +819,117 @@ def test_depthwise_convolutions_get_a_power_law_in_their_shape():
     torch.testing.assert_close(with_law[1:3], expected.clamp_min(own.launch_floor_s))
     torch.testing.assert_close(with_law[[0, 3]], without[conv][[0, 3]])
     assert not torch.allclose(with_law[1:3], without[conv][1:3])
+
+
+def _synthetic_probes(law: dict, layout: str = "channels_last") -> tuple:
+    """SYNTHETIC depthwise probe rows (``depthwise_table.measure``'s form) on its grid, their seconds from a
+    power law per direction: what a table must give back at and between its points."""
+    from gnn_ptp import depthwise_table
+
+    grid = depthwise_table.GRID
+    rows = []
+    for b in grid["batch_size"]:
+        for c in grid["channels"]:
+            for h in grid["image_size"]:
+                for k in grid["kernel"]:
+                    shape = torch.tensor([[b, c, h * h, k * k]], dtype=torch.float64)
+                    s = {d: float(prior.depthwise_law_seconds(shape, torch.tensor([d == "backward"]), ["fp32"], law)[0])
+                         for d in ("forward", "backward")}
+                    rows.append({"precision": "fp32", "layout": layout, "batch_size": b, "channels": c,
+                                 "image_size": h, "taps": k * k, "forward_s": s["forward"], "backward_s": s["backward"]})
+    return tuple(rows)
+
+
+def test_a_depthwise_probe_table_interpolates_between_its_points():
+    """``depthwise_table.Table``: multilinear in log time over log batch, channels, pixels and taps, so on
+    SYNTHETIC probes that follow a power law it gives the law back exactly at the grid's points and between
+    them, clamps beyond its edges, and has nothing for a dtype or layout it was not measured in; a grid with
+    a hole is refused."""
+    from gnn_ptp import depthwise_table
+
+    law = {"forward:fp32": [-11.0, 0.3, 0.2, 0.25, 0.1], "backward:fp32": [-14.0, 0.7, 0.55, 0.3, 0.9]}
+    rows = _synthetic_probes(law)
+    table = depthwise_table.Table(rows)
+    inside = torch.tensor([[2, 64, 1, 9], [8, 1024, 256, 49], [4, 300, 20, 16], [3, 700, 100, 30]], dtype=torch.float64)
+    for backward in (False, True):
+        expected = prior.depthwise_law_seconds(inside, torch.tensor([backward] * 4), ["fp32"] * 4, law)
+        torch.testing.assert_close(table.seconds("fp32", backward, "channels_last", inside), expected)
+    beyond = torch.tensor([[64, 4096, 4096, 49]], dtype=torch.float64)
+    edge = torch.tensor([[8, 1024, 256, 49]], dtype=torch.float64)
+    torch.testing.assert_close(table.seconds("fp32", True, "channels_last", beyond),
+                               table.seconds("fp32", True, "channels_last", edge))
+    assert torch.isnan(table.seconds("bf16", True, "channels_last", inside)).all()
+    assert torch.isnan(table.seconds("fp32", True, "contiguous", inside)).all()
+    with pytest.raises(ValueError, match="not full"):
+        depthwise_table.Table(rows[1:])
+
+
+def test_channels_last_depthwise_convolutions_are_priced_from_the_hardware_s_probes_where_fitted_so():
+    """SYNTHETIC depthwise kernels, a third channels-last (``ops.CHANNELS_LAST`` in ``gemm_layout``) whose
+    time follows a law of their own, and the same law as SYNTHETIC probes on the hardware
+    (``Hardware.depthwise_probe_s``): ``fit_device(depthwise_probes=True)`` prices the channels-last ones from
+    the probes and fits the depthwise law to the others alone (it recovers their exponents, which a law fitted
+    to all of them does not), marks its result so (``device_profile``, ``section_options``), and
+    ``prior.node_seconds`` prices a traced channels-last depthwise convolution from the probes while a
+    contiguous one, a profile not fitted so and hardware without probes keep the law."""
+    from dataclasses import replace as dc_replace
+
+    g = torch.Generator().manual_seed(5)
+    n = 3000
+    backward = torch.rand(n, generator=g) < 0.5
+    cl = torch.rand(n, generator=g) < 0.33
+    shapes = torch.stack([torch.randint(2, 9, (n,), generator=g), torch.randint(64, 1025, (n,), generator=g),
+                          torch.randint(1, 17, (n,), generator=g) ** 2,
+                          torch.tensor([9, 25, 49])[torch.randint(0, 3, (n,), generator=g)]], 1).double()
+    plain = {"forward:fp32": [-11.0, 0.3, 0.2, 0.25, 0.0], "backward:fp32": [-14.0, 0.7, 0.55, 0.3, 0.9]}
+    other = {"forward:fp32": [-10.0, 0.1, 0.6, 0.1, 0.3], "backward:fp32": [-12.0, 0.5, 0.9, -0.1, 1.1]}
+    seconds = torch.where(cl, prior.depthwise_law_seconds(shapes, backward, ["fp32"] * n, other),
+                          prior.depthwise_law_seconds(shapes, backward, ["fp32"] * n, plain))
+    seconds = seconds * torch.exp(0.1 * torch.randn(n, generator=g, dtype=torch.float64))
+    flops = torch.where(backward, 4.0, 2.0) * shapes.prod(1)
+    depthwise = torch.rand(n, generator=g) < 0.7  # the rest dense, on a FLOPs curve
+    cpu = HARDWARE["cpu"]
+    seconds = torch.where(depthwise, seconds, flops / (cpu.flops_rate("fp32", False, gemm=True) * 0.6))
+    rows = prior_fit.KernelRows(flops, flops / 20, ["fp32"] * n, torch.ones(n, dtype=torch.bool),
+                                torch.zeros(n, dtype=torch.bool), ["conv"] * n, ["synthetic"] * n, seconds,
+                                None, backward, None, depthwise,
+                                torch.where(depthwise.unsqueeze(1), shapes, float("nan")),
+                                layout=torch.where(cl, ops.CHANNELS_LAST, 0))
+    probed_hw = dc_replace(cpu, depthwise_probe_s=_synthetic_probes(other))
+    fitted = prior_fit.fit_device(rows, probed_hw, steps=50, depthwise=True, depthwise_probes=True)
+    assert fitted["depthwise_probes"] is True
+    for key in plain:
+        assert fitted["depthwise"][key][1:] == pytest.approx(plain[key][1:], abs=0.05)
+    pooled = prior_fit.fit_device(rows, cpu, steps=50, depthwise=True, depthwise_probes=True)  # no probes
+    assert "depthwise_probes" not in pooled
+    profile = prior_fit.device_profile(probed_hw, fitted)
+    assert profile.depthwise_probes and prior_fit.section_options(fitted)["depthwise_probes"]
+    m = depthwise & cl & backward
+    priced = prior_fit._prior_seconds(prior_fit.take(rows, m), profile)
+    assert float(priced.sum() / seconds[m].sum()) == pytest.approx(1.0, abs=0.03)
+    by_law = prior_fit._prior_seconds(prior_fit.take(rows, m), prior_fit.device_profile(cpu, pooled))
+    assert abs(float(by_law.sum() / seconds[m].sum()) - 1) > 0.2  # one law for both misprices them
+
+    from conftest import py_spec
+    from gnn_ptp import graph
+    from gnn_ptp.spec import Shape
+    from gnn_ptp.trace import StepConfig, trace_step
+
+    for channels_last in (0, 1):
+        traced = trace_step(StepConfig(py_spec("conv2", c1=96, c2=96, k=7, padding=3, groups=96,
+                                               channels_last=channels_last), Shape(4, None, 8), "fp32", target="cpu"))
+        t, _ = graph.to_tensors(traced)
+        shape = prior.depthwise_shapes(t["x"], t["x_cat"])
+        node = torch.nonzero(~torch.isnan(shape[:, 0]) & (t["x_cat"][:, 3] == prior.BACKWARD_PHASE)).flatten()
+        assert node.numel() == 1
+        by = {name: prior.node_seconds(t["x"], t["x_cat"], p, layout=t["gemm_layout"])[node]
+              for name, p in (("probes", profile), ("not fitted so", dc_replace(profile, depthwise_probes=False)),
+                              ("no probes", dc_replace(profile, hardware=cpu)))}
+        law = prior.depthwise_law_seconds(shape[node], torch.tensor([True]), ["fp32"], other if channels_last
+                                          else fitted["depthwise"]).clamp_min(profile.launch_floor_s)
+        torch.testing.assert_close(by["probes"], law)
+        torch.testing.assert_close(by["not fitted so"], by["no probes"])
+        assert channels_last == (not torch.allclose(by["probes"], by["not fitted so"]))
 
 
 def test_grouped_convolution_curves_with_few_kernels_fall_back_in_lookup_order():

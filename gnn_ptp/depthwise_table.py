@@ -1,0 +1,185 @@
+"""Depthwise convolutions measured apart on a CPU kind, and the table that prices a step's from them.
+
+A depthwise convolution whose input is channels-last (``ops.CHANNELS_LAST``: ConvNeXt's blocks leave theirs
+so) runs another kernel than a contiguous one, with a cliff no power law in its shape follows: on one thread
+of the first CPU kind the weight gradient of a 7x7 one over 640 channels takes about 1 ms and over 768
+channels 17-25 ms, whatever the batch and image (README *The CPU prior*, "Channels-last depthwise
+convolutions"). A law fitted to steps learns such a kernel from the families that have it (ConvNeXt alone
+here), so a family left out takes it from none. Measured on the kind itself over a grid of generic shapes
+(``measure``; ``python -m gnn_ptp.descriptor --depthwise-probes``), the kernel's time is a property of the
+hardware, like its GEMM rates: stored in its descriptor (``Descriptor.depthwise_probe_s``), carried by its
+``Hardware``, and read by a prior whose section says so (``prior.Profile.depthwise_probes``) through
+``Table``: multilinear interpolation of log seconds over log batch, channels, pixels and taps between the
+grid's points, clamped at its edges.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+
+import numpy as np
+import torch
+
+AXES = ("batch_size", "channels", "pixels", "taps")
+GRID = {"batch_size": (2, 8), "channels": (64, 96, 128, 192, 256, 384, 512, 640, 768, 1024),
+        "image_size": (1, 2, 4, 8, 16), "kernel": (3, 5, 7)}
+"""The shapes ``measure`` times: widths on the usual ladder, the taps of 3x3, 5x5 and 7x7 kernels, images of
+small training steps (1-16 pixels a side), stride 1, same padding: 300 shapes per dtype and layout."""
+LAYOUTS = ("contiguous", "channels_last")
+PRICED_LAYOUTS = ("channels_last",)
+"""The input layouts whose depthwise convolutions a table prices (``prior.Profile.depthwise_probes``). A
+contiguous one measured apart runs 2-5x faster than in a step on the first CPU kind (its weights reordered
+once for many calls), where the fitted law prices it within 5-40 %: it keeps the law."""
+
+
+def _best_median(fn, n: int = 9) -> float:
+    """Best of three medians of ``n`` timed calls, after two warm-up calls."""
+    fn()
+    fn()
+    best = math.inf
+    for _ in range(3):
+        ts = []
+        for _ in range(n):
+            t = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t)
+        best = min(best, statistics.median(ts))
+    return best
+
+
+def measure(layouts=PRICED_LAYOUTS, dtypes=("fp32", "bf16"), grid: dict = GRID, threads: int = 1,
+            log=None) -> list[dict]:
+    """Seconds of the forward and the fused backward (input and weight gradients) of one depthwise 2-d
+    convolution per shape of ``grid``, dtype and input layout, on ``threads`` threads. A channels-last input
+    is made as ConvNeXt's blocks make it (a permuted [N, H, W, C] tensor)."""
+    import torch.nn.functional as F
+
+    torch.set_num_threads(threads)
+    kinds = {"fp32": torch.float32, "bf16": torch.bfloat16}
+    rows = []
+    for dtype in dtypes:
+        dt = kinds[dtype]
+        for b in grid["batch_size"]:
+            for c in grid["channels"]:
+                for h in grid["image_size"]:
+                    for k in grid["kernel"]:
+                        for layout in layouts:
+                            x = (torch.randn(b, h, h, c, dtype=dt).permute(0, 3, 1, 2) if layout == "channels_last"
+                                 else torch.randn(b, c, h, h, dtype=dt))
+                            w = torch.randn(c, 1, k, k, dtype=dt)
+                            g = torch.randn_like(F.conv2d(x, w, padding=k // 2, groups=c))
+                            fwd = _best_median(lambda: F.conv2d(x, w, padding=k // 2, groups=c))
+                            bwd = _best_median(lambda: torch.ops.aten.convolution_backward(
+                                g, x, w, None, [1, 1], [k // 2] * 2, [1, 1], False, [0, 0], c, [True, True, False]))
+                            rows.append({"precision": dtype, "layout": layout, "batch_size": b, "channels": c,
+                                         "image_size": h, "taps": k * k, "forward_s": fwd, "backward_s": bwd})
+                            if log:
+                                log(f"depthwise {dtype} {layout} b{b} c{c} {h}px {k}x{k}: forward "
+                                    f"{fwd * 1e3:.3f} ms, backward {bwd * 1e3:.3f} ms")
+    return rows
+
+
+def provenance(threads: int = 1) -> str:
+    """Where a descriptor's probes come from: this CPU, torch version, threads and the date."""
+    from datetime import datetime, timezone
+
+    from gnn_ptp.descriptor import cpu_model
+
+    return (f"depthwise_table.measure on {cpu_model()}, {threads} thread(s), torch {torch.__version__}, "
+            f"{datetime.now(timezone.utc).strftime('%Y-%m-%d')}")
+
+
+class Table:
+    """Log seconds on a full grid of (batch, channels, pixels, taps) per (dtype, direction, layout), from
+    ``measure``'s rows."""
+
+    def __init__(self, rows):
+        self.grids: dict[tuple[str, str, str], tuple[list[np.ndarray], np.ndarray]] = {}
+        keys = {(r["precision"], d, r.get("layout", "contiguous")) for r in rows for d in ("forward", "backward")}
+        for key in sorted(keys):
+            dtype, direction, layout = key
+            chosen = [r for r in rows if r["precision"] == dtype and r.get("layout", "contiguous") == layout]
+            points = [(r["batch_size"], r["channels"], r["image_size"] ** 2, r["taps"], r[f"{direction}_s"])
+                      for r in chosen]
+            axes = [np.array(sorted({p[i] for p in points}), dtype=float) for i in range(len(AXES))]
+            table = np.full([len(a) for a in axes], np.nan)
+            for p in points:
+                table[tuple(int(np.searchsorted(ax, v)) for ax, v in zip(axes, p[:4]))] = math.log(p[4])
+            if np.isnan(table).any():
+                raise ValueError(f"depthwise probes: the grid of {key} is not full")
+            self.grids[key] = ([np.log(a) for a in axes], table)
+
+    def has(self, dtype: str, backward: bool, layout: str) -> bool:
+        return (dtype, "backward" if backward else "forward", layout) in self.grids
+
+    def seconds(self, dtype: str, backward: bool, layout: str, shapes: torch.Tensor) -> torch.Tensor:
+        """Seconds of each kernel of ``shapes`` ([N, 4]: batch, channels, pixels, taps, as
+        ``prior.depthwise_shapes`` gives them), float64 [N]; NaN without a grid for them."""
+        grid = self.grids.get((dtype, "backward" if backward else "forward", layout))
+        out = torch.full((shapes.shape[0],), float("nan"), dtype=torch.float64)
+        if grid is None or shapes.shape[0] == 0:
+            return out
+        axes, table = grid
+        logs = np.log(np.maximum(shapes.double().numpy(), 1.0))
+        lo, w = [], []
+        for d, ax in enumerate(axes):
+            v = np.clip(logs[:, d], ax[0], ax[-1])
+            if len(ax) == 1:
+                lo.append(np.zeros(len(v), dtype=int))
+                w.append(np.zeros(len(v)))
+                continue
+            i = np.clip(np.searchsorted(ax, v, side="right") - 1, 0, len(ax) - 2)
+            lo.append(i)
+            w.append((v - ax[i]) / (ax[i + 1] - ax[i]))
+        total = np.zeros(len(logs))
+        for corner in range(2 ** len(axes)):
+            idx, weight = [], np.ones(len(logs))
+            for d, ax in enumerate(axes):
+                up = (corner >> d) & 1
+                if up and len(ax) == 1:
+                    weight = weight * 0.0
+                    idx.append(lo[d])
+                    continue
+                idx.append(lo[d] + up)
+                weight = weight * (w[d] if up else 1.0 - w[d])
+            total += weight * table[tuple(idx)]
+        return torch.from_numpy(np.exp(total))
+
+
+_TABLES: dict[int, tuple[tuple, Table]] = {}
+"""Tables built from a ``Hardware``'s rows, by the rows' identity (the rows kept alive beside them)."""
+
+
+def table_of(rows: tuple) -> Table | None:
+    """The ``Table`` of a ``Hardware.depthwise_probe_s`` (built once per rows object); None where empty."""
+    if not rows:
+        return None
+    hit = _TABLES.get(id(rows))
+    if hit is None or hit[0] is not rows:
+        hit = (rows, Table(rows))
+        _TABLES[id(rows)] = hit
+    return hit[1]
+
+
+def priced(shapes: torch.Tensor, backward: torch.Tensor, dtypes: list[str], channels_last: torch.Tensor | None,
+           rows: tuple) -> torch.Tensor:
+    """Per kernel (float64 [N]) the table's seconds for a depthwise-like convolution (``shapes``:
+    ``prior.depthwise_shapes``, NaN rows for other kernels) with a channels-last input (``channels_last``,
+    bool [N]; the layouts a table prices, ``PRICED_LAYOUTS``), NaN for every other kernel or where the table
+    of ``rows`` (``Hardware.depthwise_probe_s``) has no grid for its dtype and direction."""
+    out = torch.full((shapes.shape[0],), float("nan"), dtype=torch.float64)
+    table = table_of(rows)
+    if table is None or channels_last is None:
+        return out
+    has = channels_last & ~torch.isnan(shapes[:, 0])
+    if not bool(has.any()):
+        return out
+    names = np.array(dtypes)
+    for d in sorted(set(names[has.numpy()].tolist())):
+        for b in (False, True):
+            m = has & torch.from_numpy(names == d) & (backward == b)
+            if bool(m.any()):
+                out[m] = table.seconds(d, b, "channels_last", shapes[m])
+    return out
