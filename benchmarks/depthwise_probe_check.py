@@ -5,9 +5,10 @@ pricing them from those measurements would do to its steps: a check, not a fit.
         --probes benchmarks/results/amd-epyc-family-25-model-17-depthwise-probes-small-2026-11-29.json
 
 ``--probes`` is ``benchmarks/depthwise_probes.py --grid small --layout both`` run on the same CPU kind (one
-thread). A probe table prices a depthwise convolution of given dtype, direction and input layout
-(contiguous or channels-last, ``ops.CHANNELS_LAST``) by multilinear interpolation of log time over log
-batch, channels, pixels and taps between the grid's points (clamped at its edges). Printed, per family
+thread). Its table (``gnn_ptp/depthwise_table.py``, as the prior reads a descriptor's probes) prices a
+depthwise convolution of given dtype, direction and input layout (contiguous or channels-last,
+``ops.CHANNELS_LAST``) by multilinear interpolation of log time over log batch, channels, pixels and taps
+between the grid's points (clamped at its edges). Printed, per family
 with depthwise convolutions and per input layout: the profiled in-step time of those kernels summed, over
 the shipped depthwise law's price (``prior.Profile.depthwise``) and over the table's; then each family's
 step MAPE with the shipped section (``kind_profile``, as ``prior_error_sources.py``) and with the
@@ -28,71 +29,23 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from gnn_ptp import prior, prior_fit  # noqa: E402
+from gnn_ptp import depthwise_table, ops, prior, prior_fit  # noqa: E402
 
-AXES = ("batch_size", "channels", "pixels", "taps")
-
-
-class ProbeTable:
-    """Log seconds on a grid of (batch, channels, pixels, taps) per (dtype, direction, layout)."""
-
-    def __init__(self, rows: list[dict]):
-        self.grids = {}
-        keys = {(r["precision"], d, r.get("layout", "contiguous")) for r in rows for d in ("forward", "backward")}
-        for key in keys:
-            dtype, direction, layout = key
-            sel = [r for r in rows if r["precision"] == dtype and r.get("layout", "contiguous") == layout]
-            points = [{"batch_size": r["batch_size"], "channels": r["channels"], "pixels": r["image_size"] ** 2,
-                       "taps": r["taps"], "s": r[f"{direction}_s"]} for r in sel]
-            axes = [np.array(sorted({p[a] for p in points}), dtype=float) for a in AXES]
-            table = np.full([len(a) for a in axes], np.nan)
-            for p in points:
-                table[tuple(int(np.searchsorted(ax, p[a])) for ax, a in zip(axes, AXES))] = np.log(p["s"])
-            if np.isnan(table).any():
-                raise SystemExit(f"--probes: the grid of {key} is not full")
-            self.grids[key] = ([np.log(a) for a in axes], table)
-
-    def seconds(self, dtype: str, backward: bool, layout: str, shape: np.ndarray) -> float:
-        """Seconds of one kernel of ``shape`` (batch, channels, pixels, taps); NaN without a grid."""
-        grid = self.grids.get((dtype, "backward" if backward else "forward", layout))
-        if grid is None:
-            return float("nan")
-        axes, table = grid
-        lo, w = [], []
-        for ax, v in zip(axes, np.log(np.maximum(shape, 1.0))):
-            v = min(max(v, ax[0]), ax[-1])
-            i = min(int(np.searchsorted(ax, v, side="right")) - 1, len(ax) - 2) if len(ax) > 1 else 0
-            lo.append(i)
-            w.append(0.0 if len(ax) == 1 else (v - ax[i]) / (ax[i + 1] - ax[i]))
-        out = 0.0
-        for corner in range(2 ** len(axes)):
-            idx, weight = [], 1.0
-            for d in range(len(axes)):
-                up = (corner >> d) & 1
-                if len(axes[d]) == 1 and up:
-                    weight = 0.0
-                    break
-                idx.append(lo[d] + up)
-                weight *= w[d] if up else 1.0 - w[d]
-            if weight:
-                out += weight * table[tuple(idx)]
-        return float(np.exp(out))
-
-
-def table_seconds(table: ProbeTable, s, layout_of: str | None) -> tuple[torch.Tensor, torch.Tensor]:
+def table_seconds(table: depthwise_table.Table, s, layout_of: str | None) -> tuple[torch.Tensor, torch.Tensor]:
     """Per node of sample ``s`` its table price (NaN for a node that is no depthwise convolution, or not of
     ``layout_of`` where given), and each node's layout (True: channels-last)."""
     shapes = prior.depthwise_shapes(s.x, s.x_cat)
     cl = prior.channels_last(s.gemm_layout)
     backward = s.x_cat[:, 3] == prior.BACKWARD_PHASE
     out = torch.full((s.x.shape[0],), float("nan"), dtype=torch.float64)
-    from gnn_ptp import ops
-
-    for i in torch.nonzero(~torch.isnan(shapes[:, 0])).flatten().tolist():
-        layout = "channels_last" if bool(cl[i]) else "contiguous"
+    for layout, m in (("channels_last", cl), ("contiguous", ~cl)):
         if layout_of is not None and layout != layout_of:
             continue
-        out[i] = table.seconds(ops.DTYPES[int(s.x_cat[i, 2])], bool(backward[i]), layout, shapes[i].numpy())
+        for d in s.x_cat[:, 2].unique().tolist():
+            for b in (False, True):
+                rows = m & ~torch.isnan(shapes[:, 0]) & (s.x_cat[:, 2] == d) & (backward == b)
+                if bool(rows.any()):
+                    out[rows] = table.seconds(ops.DTYPES[d], b, layout, shapes[rows])
     return out, cl
 
 
@@ -106,7 +59,7 @@ def main(argv=None) -> int:
                     help="whose depthwise convolutions the table prices in the step column")
     args = ap.parse_args(argv)
     probes = json.loads(args.probes.read_text())
-    table = ProbeTable(probes["rows"])
+    table = depthwise_table.Table(probes["rows"])
     hw, samples, node_seconds = prior_fit.load_profiled(args.data)
     profile = kind_profile(args.data, hw)
     print(f"{args.data}: {len(samples)} configurations; probes {args.probes.name} ({probes['env']['cpu_kind']}, "

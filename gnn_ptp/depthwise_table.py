@@ -50,10 +50,11 @@ def _best_median(fn, n: int = 9) -> float:
 
 
 def measure(layouts=PRICED_LAYOUTS, dtypes=("fp32", "bf16"), grid: dict = GRID, threads: int = 1,
-            log=None) -> list[dict]:
+            log=None, max_elements: int | None = None) -> list[dict]:
     """Seconds of the forward and the fused backward (input and weight gradients) of one depthwise 2-d
-    convolution per shape of ``grid``, dtype and input layout, on ``threads`` threads. A channels-last input
-    is made as ConvNeXt's blocks make it (a permuted [N, H, W, C] tensor)."""
+    convolution per shape of ``grid``, dtype and input layout, on ``threads`` threads (inputs of more than
+    ``max_elements`` left out). A channels-last input is made as ConvNeXt's blocks make it (a permuted
+    [N, H, W, C] tensor)."""
     import torch.nn.functional as F
 
     torch.set_num_threads(threads)
@@ -65,6 +66,8 @@ def measure(layouts=PRICED_LAYOUTS, dtypes=("fp32", "bf16"), grid: dict = GRID, 
             for c in grid["channels"]:
                 for h in grid["image_size"]:
                     for k in grid["kernel"]:
+                        if max_elements is not None and b * c * h * h > max_elements:
+                            continue
                         for layout in layouts:
                             x = (torch.randn(b, h, h, c, dtype=dt).permute(0, 3, 1, 2) if layout == "channels_last"
                                  else torch.randn(b, c, h, h, dtype=dt))

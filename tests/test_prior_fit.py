@@ -864,6 +864,25 @@ def test_a_depthwise_probe_table_interpolates_between_its_points():
         depthwise_table.Table(rows[1:])
 
 
+def test_depthwise_probes_measure_rows_a_table_reads():
+    """``depthwise_table.measure`` on a one-shape grid (real timings, one thread): a row per dtype and layout
+    with positive forward and backward seconds, in the form ``Table`` and a descriptor store; a channels-last
+    input is one torch reads so (``ops.channels_last_strides``)."""
+    from gnn_ptp import depthwise_table
+
+    grid = {"batch_size": (2,), "channels": (8,), "image_size": (3,), "kernel": (3,)}
+    rows = depthwise_table.measure(depthwise_table.LAYOUTS, dtypes=("fp32",), grid=grid)
+    assert [(r["layout"], r["precision"], r["taps"]) for r in rows] == [("contiguous", "fp32", 9),
+                                                                        ("channels_last", "fp32", 9)]
+    assert all(r["forward_s"] > 0 and r["backward_s"] > 0 for r in rows)
+    table = depthwise_table.Table(rows)
+    shape = torch.tensor([[2, 8, 9, 9]], dtype=torch.float64)
+    assert float(table.seconds("fp32", True, "channels_last", shape)[0]) == pytest.approx(rows[1]["backward_s"])
+    x = torch.zeros(2, 3, 3, 8).permute(0, 3, 1, 2)
+    assert ops.channels_last_strides(tuple(x.shape), x.stride())
+    assert "torch" in depthwise_table.provenance()
+
+
 def test_channels_last_depthwise_convolutions_are_priced_from_the_hardware_s_probes_where_fitted_so():
     """SYNTHETIC depthwise kernels, a third channels-last (``ops.CHANNELS_LAST`` in ``gemm_layout``) whose
     time follows a law of their own, and the same law as SYNTHETIC probes on the hardware
