@@ -881,6 +881,8 @@ def fit(samples: list, node_seconds: dict, hw: Hardware, max_rows: int | None = 
     ``depthwise`` the law is fitted to every depthwise-like kernel (a few thousand) and the curves to at most
     ``max_rows`` of the others."""
     rows = kernel_rows(samples, node_seconds)
+    if device_kw.get("depthwise_probes") and hw.depthwise_probe_s:  # priced from the probes: not fitted to
+        rows = take(rows, torch.isnan(probed_rows(rows, hw)))
     slow = fit_slow_conv(rows, tuple(device_kw.pop("slow_conv", ())), device_kw.get("fresh"))
     law, rows = _depthwise_apart(rows, device_kw.get("fresh")) if device_kw.pop("depthwise", False) else ({}, rows)
     if max_rows:

@@ -883,12 +883,13 @@ def test_depthwise_probes_measure_rows_a_table_reads():
     assert "torch" in depthwise_table.provenance()
 
 
-def test_channels_last_depthwise_convolutions_are_priced_from_the_hardware_s_probes_where_fitted_so():
+def test_channels_last_depthwise_convolutions_are_priced_from_the_hardware_s_probes_where_fitted_so(monkeypatch):
     """SYNTHETIC depthwise kernels, a third channels-last (``ops.CHANNELS_LAST`` in ``gemm_layout``) whose
     time follows a law of their own, and the same law as SYNTHETIC probes on the hardware
     (``Hardware.depthwise_probe_s``): ``fit_device(depthwise_probes=True)`` prices the channels-last ones from
     the probes and fits the depthwise law to the others alone (it recovers their exponents, which a law fitted
-    to all of them does not), marks its result so (``device_profile``, ``section_options``), and
+    to all of them does not; so does ``prior_fit.fit``, which fits the law before the curves), marks its
+    result so (``device_profile``, ``section_options``), and
     ``prior.node_seconds`` prices a traced channels-last depthwise convolution from the probes while a
     contiguous one, a profile not fitted so and hardware without probes keep the law."""
     from dataclasses import replace as dc_replace
@@ -928,6 +929,13 @@ def test_channels_last_depthwise_convolutions_are_priced_from_the_hardware_s_pro
     assert float(priced.sum() / seconds[m].sum()) == pytest.approx(1.0, abs=0.03)
     by_law = prior_fit._prior_seconds(prior_fit.take(rows, m), prior_fit.device_profile(cpu, pooled))
     assert abs(float(by_law.sum() / seconds[m].sum()) - 1) > 0.2  # one law for both misprices them
+    # both stages (prior_fit.fit, what calibrate_prior and the protocol's refits call) leave them out of the law too
+    monkeypatch.setattr(prior_fit, "kernel_rows", lambda samples, seconds: rows)
+    monkeypatch.setattr(prior_fit, "fit_host", lambda samples, profile: ([0.0] * 3, [0.0] * 3, {}))
+    both, _, _ = prior_fit.fit([], {}, probed_hw, steps=50, depthwise=True, depthwise_probes=True)
+    assert both["depthwise_probes"] is True
+    for key in plain:
+        assert both["depthwise"][key][1:] == pytest.approx(plain[key][1:], abs=0.05)
 
     from conftest import py_spec
     from gnn_ptp import graph
