@@ -8,9 +8,7 @@ calls after two warm-up calls, best of three such medians. Prints each shape's r
 """
 import json
 import platform
-import statistics
 import sys
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -18,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from gnn_ptp.depthwise_table import best_median  # noqa: E402
 from gnn_ptp.descriptor import cpu_model  # noqa: E402
 
 torch.set_num_threads(1)
@@ -25,17 +24,7 @@ torch.set_num_threads(1)
 
 def med(fn, n=15):
     """Best of three medians of ``n`` timed calls, after two warm-up calls."""
-    fn()
-    fn()
-    best = 1e9
-    for _ in range(3):
-        ts = []
-        for _ in range(n):
-            t = time.perf_counter()
-            fn()
-            ts.append(time.perf_counter() - t)
-        best = min(best, statistics.median(ts))
-    return best
+    return best_median(fn, n)
 
 
 rows = []

@@ -34,7 +34,7 @@ contiguous one measured apart runs 2-5x faster than in a step on the first CPU k
 once for many calls), where the fitted law prices it within 5-40 %: it keeps the law."""
 
 
-def _best_median(fn, n: int = 9) -> float:
+def best_median(fn, n: int = 9) -> float:
     """Best of three medians of ``n`` timed calls, after two warm-up calls."""
     fn()
     fn()
@@ -73,8 +73,8 @@ def measure(layouts=PRICED_LAYOUTS, dtypes=("fp32", "bf16"), grid: dict = GRID, 
                                  else torch.randn(b, c, h, h, dtype=dt))
                             w = torch.randn(c, 1, k, k, dtype=dt)
                             g = torch.randn_like(F.conv2d(x, w, padding=k // 2, groups=c))
-                            fwd = _best_median(lambda: F.conv2d(x, w, padding=k // 2, groups=c))
-                            bwd = _best_median(lambda: torch.ops.aten.convolution_backward(
+                            fwd = best_median(lambda: F.conv2d(x, w, padding=k // 2, groups=c))
+                            bwd = best_median(lambda: torch.ops.aten.convolution_backward(
                                 g, x, w, None, [1, 1], [k // 2] * 2, [1, 1], False, [0, 0], c, [True, True, False]))
                             rows.append({"precision": dtype, "layout": layout, "batch_size": b, "channels": c,
                                          "image_size": h, "taps": k * k, "forward_s": fwd, "backward_s": bwd})

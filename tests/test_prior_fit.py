@@ -763,6 +763,14 @@ def test_grouped_convolutions_get_their_own_forward_and_backward_curves():
         torch.testing.assert_close(prior.node_seconds(x, x_cat, own), dense_s, rtol=0.1, atol=0)
 
 
+def _depthwise_shapes(n: int, g: torch.Generator, batch, channels, side) -> torch.Tensor:
+    """SYNTHETIC depthwise shapes [n, 4] (``prior.depthwise_shapes``' columns): batch, channels and image side
+    drawn uniformly from the half-open ranges given, pixels = side ** 2, taps of 3x3, 5x5 or 7x7 kernels."""
+    return torch.stack([torch.randint(*batch, (n,), generator=g), torch.randint(*channels, (n,), generator=g),
+                        torch.randint(*side, (n,), generator=g) ** 2,
+                        torch.tensor([9, 25, 49])[torch.randint(0, 3, (n,), generator=g)]], 1).double()
+
+
 def test_depthwise_convolutions_get_a_power_law_in_their_shape():
     """SYNTHETIC depthwise convolutions whose time is a known power law in batch, channels, space and taps
     (not in their FLOPs), beside dense ones on a FLOPs curve: ``fit_depthwise`` recovers the law's exponents,
@@ -775,9 +783,7 @@ def test_depthwise_convolutions_get_a_power_law_in_their_shape():
     n = 4000
     depthwise = torch.rand(n, generator=g) < 0.4
     backward = torch.rand(n, generator=g) < 0.5
-    shapes = torch.stack([torch.randint(1, 33, (n,), generator=g), torch.randint(8, 769, (n,), generator=g),
-                          torch.randint(7, 113, (n,), generator=g) ** 2,
-                          torch.tensor([9, 25, 49])[torch.randint(0, 3, (n,), generator=g)]], 1).double()
+    shapes = _depthwise_shapes(n, g, batch=(1, 33), channels=(8, 769), side=(7, 113))
     flops = torch.where(backward, 4.0, 2.0) * shapes.prod(1)
     law = {"forward:fp32": [-11.0, 0.3, 0.2, 0.25, 0.0], "backward:fp32": [-14.0, 0.7, 0.55, 0.3, 0.9]}
     truth = prior.depthwise_law_seconds(shapes, backward, ["fp32"] * n, law)
@@ -898,9 +904,7 @@ def test_channels_last_depthwise_convolutions_are_priced_from_the_hardware_s_pro
     n = 3000
     backward = torch.rand(n, generator=g) < 0.5
     cl = torch.rand(n, generator=g) < 0.33
-    shapes = torch.stack([torch.randint(2, 9, (n,), generator=g), torch.randint(64, 1025, (n,), generator=g),
-                          torch.randint(1, 17, (n,), generator=g) ** 2,
-                          torch.tensor([9, 25, 49])[torch.randint(0, 3, (n,), generator=g)]], 1).double()
+    shapes = _depthwise_shapes(n, g, batch=(2, 9), channels=(64, 1025), side=(1, 17))
     plain = {"forward:fp32": [-11.0, 0.3, 0.2, 0.25, 0.0], "backward:fp32": [-14.0, 0.7, 0.55, 0.3, 0.9]}
     other = {"forward:fp32": [-10.0, 0.1, 0.6, 0.1, 0.3], "backward:fp32": [-12.0, 0.5, 0.9, -0.1, 1.1]}
     seconds = torch.where(cl, prior.depthwise_law_seconds(shapes, backward, ["fp32"] * n, other),
