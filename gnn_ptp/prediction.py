@@ -324,7 +324,7 @@ def _checkpoint_cpu_kind(model) -> str | None:
 
 
 SIZE_PROTOCOL_ERROR = {
-    "cpu": ("steps 4.5-18x larger than any a residual checkpoint was trained on were 13.8-19.3 % off, the "
+    "cpu": ("steps 4.5-18x larger than any a residual checkpoint was trained on were 13.7-19.3 % off, the "
             "prior alone 8.7-23.6 % (size protocol, three CPU kinds, README *Protocol*)"),
     "h200": ("steps 4x larger and more than any a residual checkpoint was trained on were 25.3 % off, the "
              "prior alone 19.9 % (size protocol on the H200's 2,960 configurations, README *Protocol*)")}
