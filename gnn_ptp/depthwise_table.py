@@ -55,9 +55,17 @@ def measure(layouts=PRICED_LAYOUTS, dtypes=("fp32", "bf16"), grid: dict = GRID, 
     convolution per shape of ``grid``, dtype and input layout, on ``threads`` threads (inputs of more than
     ``max_elements`` left out). A channels-last input is made as ConvNeXt's blocks make it (a permuted
     [N, H, W, C] tensor)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return _measure(layouts, dtypes, grid, log, max_elements)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _measure(layouts, dtypes, grid: dict, log, max_elements: int | None) -> list[dict]:
     import torch.nn.functional as F
 
-    torch.set_num_threads(threads)
     kinds = {"fp32": torch.float32, "bf16": torch.bfloat16}
     rows = []
     for dtype in dtypes:
@@ -113,9 +121,6 @@ class Table:
             if np.isnan(table).any():
                 raise ValueError(f"depthwise probes: the grid of {key} is not full")
             self.grids[key] = ([np.log(a) for a in axes], table)
-
-    def has(self, dtype: str, backward: bool, layout: str) -> bool:
-        return (dtype, "backward" if backward else "forward", layout) in self.grids
 
     def seconds(self, dtype: str, backward: bool, layout: str, shapes: torch.Tensor) -> torch.Tensor:
         """Seconds of each kernel of ``shapes`` ([N, 4]: batch, channels, pixels, taps, as

@@ -872,12 +872,14 @@ def test_a_depthwise_probe_table_interpolates_between_its_points():
 
 def test_depthwise_probes_measure_rows_a_table_reads():
     """``depthwise_table.measure`` on a one-shape grid (real timings, one thread): a row per dtype and layout
-    with positive forward and backward seconds, in the form ``Table`` and a descriptor store; a channels-last
-    input is one torch reads so (``ops.channels_last_strides``)."""
+    with positive forward and backward seconds, in the form ``Table`` and a descriptor store, the caller's
+    thread count restored; a channels-last input is one torch reads so (``ops.channels_last_strides``)."""
     from gnn_ptp import depthwise_table
 
     grid = {"batch_size": (2,), "channels": (8,), "image_size": (3,), "kernel": (3,)}
-    rows = depthwise_table.measure(depthwise_table.LAYOUTS, dtypes=("fp32",), grid=grid)
+    threads = torch.get_num_threads()
+    rows = depthwise_table.measure(depthwise_table.LAYOUTS, dtypes=("fp32",), grid=grid, threads=1)
+    assert torch.get_num_threads() == threads  # the caller's thread count is put back
     assert [(r["layout"], r["precision"], r["taps"]) for r in rows] == [("contiguous", "fp32", 9),
                                                                         ("channels_last", "fp32", 9)]
     assert all(r["forward_s"] > 0 and r["backward_s"] > 0 for r in rows)
