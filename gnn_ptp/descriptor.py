@@ -911,7 +911,8 @@ def main(argv=None) -> int:
         return 2
     if args.fresh_from_gloo and (args.measure or args.probes or args.fresh or args.layouts or args.depthwise_probes):
         print("python -m gnn_ptp.descriptor: error: --fresh-from-gloo takes a stored kind's figure and measures "
-              "nothing: give it without --measure, --probes, --fresh or --layouts", file=sys.stderr)
+              "nothing: give it without --measure, --probes, --fresh, --layouts or --depthwise-probes",
+              file=sys.stderr)
         return 2
     if args.fresh_from_gloo:
         stored = stored_cpus().get(args.fresh_from_gloo)

@@ -196,8 +196,8 @@ _GEMM_OPERANDS = {"mm": (0, 1), "bmm": (0, 1), "addmm": (1, 2), "baddbmm": (1, 2
 
 
 CHANNELS_LAST = len(GEMM_LAYOUTS)
-"""The operand-layout code (graph.py's ``gemm_layout``, past ``GEMM_LAYOUTS``) of a convolution whose input is
-channels-last strided and not contiguous (``conv_layout``): ConvNeXt's, whose blocks permute to channels-last
+"""The operand-layout code (graph.py's ``gemm_layout``, past ``GEMM_LAYOUTS``) of a convolution whose input torch
+reads as channels-last (``conv_layout``): ConvNeXt's, whose blocks permute to channels-last
 for their LayerNorm and linear layers and add the result back onto the block's input, and any model moved
 ``.to(memory_format=torch.channels_last)``. Torch runs another kernel for it: on one thread of the first CPU
 kind a 7x7 depthwise convolution over 768 channels of 2x2 pixels takes 19-22 ms backward with a
