@@ -37,15 +37,12 @@ def table_seconds(table: depthwise_table.Table, s, layout_of: str | None) -> tup
     shapes = prior.depthwise_shapes(s.x, s.x_cat)
     cl = prior.channels_last(s.gemm_layout)
     backward = s.x_cat[:, 3] == prior.BACKWARD_PHASE
+    dtypes = [ops.DTYPES[d] for d in s.x_cat[:, 2].tolist()]
     out = torch.full((s.x.shape[0],), float("nan"), dtype=torch.float64)
     for layout, m in (("channels_last", cl), ("contiguous", ~cl)):
-        if layout_of is not None and layout != layout_of:
-            continue
-        for d in s.x_cat[:, 2].unique().tolist():
-            for b in (False, True):
-                rows = m & ~torch.isnan(shapes[:, 0]) & (s.x_cat[:, 2] == d) & (backward == b)
-                if bool(rows.any()):
-                    out[rows] = table.seconds(ops.DTYPES[d], b, layout, shapes[rows])
+        if layout_of is None or layout == layout_of:
+            by_table = table.priced(shapes, backward, dtypes, m, layout)
+            out = torch.where(torch.isnan(by_table), out, by_table)
     return out, cl
 
 

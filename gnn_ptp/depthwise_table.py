@@ -3,7 +3,7 @@
 A depthwise convolution whose input is channels-last (``ops.CHANNELS_LAST``: ConvNeXt's blocks leave theirs
 so) runs another kernel than a contiguous one, with a cliff no power law in its shape follows: on one thread
 of the first CPU kind the weight gradient of a 7x7 one over 640 channels takes about 1 ms and over 768
-channels 17-25 ms, whatever the batch and image (README *The CPU prior*, "Channels-last depthwise
+channels 17-25 ms, whatever the batch and image (README *Protocol*, "Channels-last depthwise
 convolutions"). A law fitted to steps learns such a kernel from the families that have it (ConvNeXt alone
 here), so a family left out takes it from none. Measured on the kind itself over a grid of generic shapes
 (``measure``; ``python -m gnn_ptp.descriptor --depthwise-probes``), the kernel's time is a property of the
@@ -131,29 +131,38 @@ class Table:
             return out
         axes, table = grid
         logs = np.log(np.maximum(shapes.double().numpy(), 1.0))
-        lo, w = [], []
-        for d, ax in enumerate(axes):
+        lo, hi, w = [], [], []
+        for d, ax in enumerate(axes):  # the grid cell each kernel falls in, per axis, and its place in it
             v = np.clip(logs[:, d], ax[0], ax[-1])
-            if len(ax) == 1:
-                lo.append(np.zeros(len(v), dtype=int))
-                w.append(np.zeros(len(v)))
-                continue
-            i = np.clip(np.searchsorted(ax, v, side="right") - 1, 0, len(ax) - 2)
+            i = np.clip(np.searchsorted(ax, v, side="right") - 1, 0, max(len(ax) - 2, 0))
+            j = np.minimum(i + 1, len(ax) - 1)
+            span = ax[j] - ax[i]
             lo.append(i)
-            w.append((v - ax[i]) / (ax[i + 1] - ax[i]))
+            hi.append(j)
+            w.append(np.divide(v - ax[i], span, out=np.zeros_like(v), where=span > 0))
         total = np.zeros(len(logs))
         for corner in range(2 ** len(axes)):
-            idx, weight = [], np.ones(len(logs))
-            for d, ax in enumerate(axes):
-                up = (corner >> d) & 1
-                if up and len(ax) == 1:
-                    weight = weight * 0.0
-                    idx.append(lo[d])
-                    continue
-                idx.append(lo[d] + up)
-                weight = weight * (w[d] if up else 1.0 - w[d])
-            total += weight * table[tuple(idx)]
+            up = [(corner >> d) & 1 for d in range(len(axes))]
+            weight = np.prod([w[d] if u else 1.0 - w[d] for d, u in enumerate(up)], axis=0)
+            total += weight * table[tuple(hi[d] if u else lo[d] for d, u in enumerate(up))]
         return torch.from_numpy(np.exp(total))
+
+    def priced(self, shapes: torch.Tensor, backward: torch.Tensor, dtypes: list[str], which: torch.Tensor,
+               layout: str) -> torch.Tensor:
+        """Per kernel (float64 [N]) its seconds for the depthwise-like convolutions of ``which`` (bool [N];
+        ``shapes``: ``prior.depthwise_shapes``, NaN rows for other kernels) run with an input of ``layout``,
+        by dtype and direction; NaN for every other kernel or where the table has no grid for them."""
+        out = torch.full((shapes.shape[0],), float("nan"), dtype=torch.float64)
+        has = which & ~torch.isnan(shapes[:, 0])
+        if not bool(has.any()):
+            return out
+        names = np.array(dtypes)
+        for d in sorted(set(names[has.numpy()].tolist())):
+            for b in (False, True):
+                m = has & torch.from_numpy(names == d) & (backward == b)
+                if bool(m.any()):
+                    out[m] = self.seconds(d, b, layout, shapes[m])
+        return out
 
 
 _TABLES: dict[int, tuple[tuple, Table]] = {}
@@ -173,21 +182,10 @@ def table_of(rows: tuple) -> Table | None:
 
 def priced(shapes: torch.Tensor, backward: torch.Tensor, dtypes: list[str], channels_last: torch.Tensor | None,
            rows: tuple) -> torch.Tensor:
-    """Per kernel (float64 [N]) the table's seconds for a depthwise-like convolution (``shapes``:
-    ``prior.depthwise_shapes``, NaN rows for other kernels) with a channels-last input (``channels_last``,
-    bool [N]; the layouts a table prices, ``PRICED_LAYOUTS``), NaN for every other kernel or where the table
-    of ``rows`` (``Hardware.depthwise_probe_s``) has no grid for its dtype and direction."""
-    out = torch.full((shapes.shape[0],), float("nan"), dtype=torch.float64)
+    """Per kernel (float64 [N]) the seconds the table of ``rows`` (``Hardware.depthwise_probe_s``) gives a
+    depthwise-like convolution with a channels-last input (``channels_last``, bool [N]; the layout a table
+    prices, ``PRICED_LAYOUTS``), NaN for every other kernel or where the table has no grid for it."""
     table = table_of(rows)
     if table is None or channels_last is None:
-        return out
-    has = channels_last & ~torch.isnan(shapes[:, 0])
-    if not bool(has.any()):
-        return out
-    names = np.array(dtypes)
-    for d in sorted(set(names[has.numpy()].tolist())):
-        for b in (False, True):
-            m = has & torch.from_numpy(names == d) & (backward == b)
-            if bool(m.any()):
-                out[m] = table.seconds(d, b, "channels_last", shapes[m])
-    return out
+        return torch.full((shapes.shape[0],), float("nan"), dtype=torch.float64)
+    return table.priced(shapes, backward, dtypes, channels_last, PRICED_LAYOUTS[0])

@@ -17,8 +17,8 @@ Tensors of a ``Data``:
   feature: for the prior's page-fault cost of fresh CPU allocations, ``prior.Profile.fresh_s_per_byte``)
 - ``gemm_layout`` [N] long: a two-operand GEMM's operand layout (``ops.GEMM_LAYOUTS``), ``ops.CHANNELS_LAST``
   for a convolution with a channels-last input, 0 for other kernels; not a feature: for a CPU prior fitted
-  with per-layout GEMM ceilings (``prior.Profile.gemm_layouts``) or channels-last depthwise laws
-  (``prior.Profile.depthwise``)
+  with per-layout GEMM ceilings (``prior.Profile.gemm_layouts``) or one that prices channels-last depthwise
+  convolutions from the hardware's probes (``prior.Profile.depthwise_probes``)
 """
 
 from __future__ import annotations

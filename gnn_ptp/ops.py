@@ -179,8 +179,8 @@ class OpCost:
     gemm_layout: int = 0
     """Index into ``GEMM_LAYOUTS`` of a two-operand GEMM's operand layout (``gemm_layout``); ``CHANNELS_LAST``
     for a convolution whose input is channels-last (``conv_layout``); 0 for any other op. On a CPU without a
-    fast bf16 GEMM the kernel torch runs depends on a GEMM's (``prior.Profile.gemm_layouts``), and on every CPU
-    a depthwise convolution's on its input's (``prior.Profile.depthwise``)."""
+    fast bf16 GEMM the kernel torch runs depends on a GEMM's (``prior.Profile.gemm_layouts``), and a depthwise
+    convolution's on its input's (``prior.Profile.depthwise_probes``)."""
 
 
 GEMM_LAYOUTS = ("", "nn", "nt", "tn", "tt")
@@ -202,7 +202,7 @@ for their LayerNorm and linear layers and add the result back onto the block's i
 ``.to(memory_format=torch.channels_last)``. Torch runs another kernel for it: on one thread of the first CPU
 kind a 7x7 depthwise convolution over 768 channels of 2x2 pixels takes 19-22 ms backward with a
 channels-last input and 3.4 ms with a contiguous one, where its forward takes 0.06 against 3.4 ms
-(``benchmarks/depthwise_probes.py``; README *The CPU prior*)."""
+(``benchmarks/depthwise_probes.py``; README *Protocol*, "Channels-last depthwise convolutions")."""
 
 
 def conv_layout(op: str, args) -> int:

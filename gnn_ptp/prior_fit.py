@@ -463,8 +463,7 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
     slow = fit_slow_conv(rows, tuple(slow_conv), fresh)
     fit_fresh = bool(fresh) and fresh.get("s_per_byte") is None
     probed = depthwise_probes and bool(hw.depthwise_probe_s)
-    if probed:  # priced from the probes: neither the law nor the curves are fitted to them
-        rows = take(rows, torch.isnan(probed_rows(rows, hw)))
+    rows = unprobed(rows, hw) if probed else rows
     law, rows = _depthwise_apart(rows, None if fit_fresh else fresh) if depthwise else ({}, rows)
     if streaming is None:
         streaming = STREAMING if memory_by_category and hw.kind != "cpu" else ()
@@ -619,6 +618,12 @@ def probed_rows(rows: KernelRows, hw: Hardware) -> torch.Tensor:
         return torch.full((len(rows),), float("nan"), dtype=torch.float64)
     return depthwise_table.priced(rows.depthwise, rows.backward_mask(), rows.dtype, prior.channels_last(rows.layout),
                                   hw.depthwise_probe_s)
+
+
+def unprobed(rows: KernelRows, hw: Hardware) -> KernelRows:
+    """``rows`` without those ``hw``'s depthwise probes price (``probed_rows``): neither the depthwise law nor
+    the curves are fitted to them."""
+    return take(rows, torch.isnan(probed_rows(rows, hw))) if hw.depthwise_probe_s else rows
 
 
 def _nnls(A: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -881,8 +886,7 @@ def fit(samples: list, node_seconds: dict, hw: Hardware, max_rows: int | None = 
     ``depthwise`` the law is fitted to every depthwise-like kernel (a few thousand) and the curves to at most
     ``max_rows`` of the others."""
     rows = kernel_rows(samples, node_seconds)
-    if device_kw.get("depthwise_probes") and hw.depthwise_probe_s:  # priced from the probes: not fitted to
-        rows = take(rows, torch.isnan(probed_rows(rows, hw)))
+    rows = unprobed(rows, hw) if device_kw.get("depthwise_probes") else rows  # before the law is fitted
     slow = fit_slow_conv(rows, tuple(device_kw.pop("slow_conv", ())), device_kw.get("fresh"))
     law, rows = _depthwise_apart(rows, device_kw.get("fresh")) if device_kw.pop("depthwise", False) else ({}, rows)
     if max_rows:
