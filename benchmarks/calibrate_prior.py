@@ -486,7 +486,7 @@ def _section(hw, env: dict, source: str, summary: str, by_class: str, fitted: di
             **({"vector_fraction": fitted["vector_fraction"]} if fitted.get("vector_fraction") else {}),
             **({k: fitted[k] for k in ("memory_fraction", "memory_half_size", "streaming", "depthwise",
                                        "conv_intensity", "channel_ramp", "gemm_layouts", "layout_levels",
-                                       "slow_conv", "depthwise_probes")
+                                       "slow_conv", "depthwise_probes", "step_weights")
                 if fitted.get(k)}),
             **({"fresh_threshold_bytes": fitted["fresh"]["threshold_bytes"],
                 "fresh_s_per_byte": fitted["fresh"]["s_per_byte"]} if fitted.get("fresh") else {}),
@@ -648,6 +648,12 @@ def main() -> None:
                          "(ConvNeXt's; torch runs another kernel for them, whose weight gradient jumps 10-15x "
                          "between 640 and 768 channels on the first kind) priced from the probes, not fitted "
                          "(prior.Profile.depthwise_probes)")
+    ap.add_argument("--step-weights", action="store_true",
+                    help="with --profiles: each kernel weighs in the curves' fit as its share of its own step's "
+                         "measured kernel time, so every step counts the same (prior_fit.kernel_weights), not by "
+                         "the square root of its time (tried in the thirty-fifth session on the first CPU kind, fit "
+                         "to every family but the checkpoint's three: worse on the steps, mean of 17 families "
+                         "12.5 -> 13.1 %%, those three 14.3 -> 17.1 %%; not declared, no section has it)")
     ap.add_argument("--jobs", type=int, default=1,
                     help="with --lofo/--lofo-only: families left out in this many processes at once (each fit "
                          "on one thread; the scores do not depend on it)")
@@ -692,6 +698,7 @@ def main() -> None:
               **({"layout_levels": True} if args.layout_levels else {}),
               **({"slow_conv": ("bf16",)} if args.slow_conv_law else {}),
               **({"depthwise_probes": True} if args.depthwise_probes else {}),
+              **({"step_weights": True} if args.step_weights else {}),
               **(KERNEL_CLASSES if args.kernel_classes else {})}
         if args.lofo_only:
             _, e = fit_profiles_lofo(args.profiles, score_only=True, jobs=args.jobs, **kw)

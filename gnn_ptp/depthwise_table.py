@@ -27,6 +27,12 @@ GRID = {"batch_size": (2, 8), "channels": (64, 96, 128, 192, 256, 384, 512, 640,
         "image_size": (1, 2, 4, 8, 16), "kernel": (3, 5, 7)}
 """The shapes ``measure`` times: widths on the usual ladder, the taps of 3x3, 5x5 and 7x7 kernels, images of
 small training steps (1-16 pixels a side), stride 1, same padding: 300 shapes per dtype and layout."""
+GPU_GRID = {"batch_size": (8, 32, 128), "channels": (64, 96, 128, 192, 256, 384, 512, 768, 1024),
+            "image_size": (4, 7, 14, 28, 56), "kernel": (3, 5, 7)}
+"""``measure``'s grid on a GPU (``device="cuda"``): the batches and stage sizes of image models trained on
+one (ConvNeXt's stages at 224 px are 56, 28, 14 and 7 pixels a side, its widths 96-768): 405 shapes per
+dtype and layout, about 5 minutes on an H100 for three dtypes (``python -m gnn_ptp.depthwise_table``)."""
+GPU_DTYPES = ("fp32", "bf16", "fp16")
 LAYOUTS = ("contiguous", "channels_last")
 PRICED_LAYOUTS = ("channels_last",)
 """The input layouts whose depthwise convolutions a table prices (``prior.Profile.depthwise_probes``). A
@@ -49,24 +55,45 @@ def best_median(fn, n: int = 9) -> float:
     return best
 
 
+def cuda_best_median(fn, n: int = 9) -> float:
+    """``best_median`` of a GPU call: each call timed by CUDA events around it, on the current stream."""
+    fn()
+    fn()
+    torch.cuda.synchronize()
+    best = math.inf
+    for _ in range(3):
+        ts = []
+        for _ in range(n):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            ts.append(start.elapsed_time(end) * 1e-3)
+        best = min(best, statistics.median(ts))
+    return best
+
+
 def measure(layouts=PRICED_LAYOUTS, dtypes=("fp32", "bf16"), grid: dict = GRID, threads: int = 1,
-            log=None, max_elements: int | None = None) -> list[dict]:
+            log=None, max_elements: int | None = None, device: str = "cpu") -> list[dict]:
     """Seconds of the forward and the fused backward (input and weight gradients) of one depthwise 2-d
-    convolution per shape of ``grid``, dtype and input layout, on ``threads`` threads (inputs of more than
-    ``max_elements`` left out). A channels-last input is made as ConvNeXt's blocks make it (a permuted
-    [N, H, W, C] tensor)."""
+    convolution per shape of ``grid``, dtype and input layout, on ``threads`` threads of the CPU or on
+    ``device`` "cuda" (timed by CUDA events; TF32 left as torch has it, which depthwise kernels do not
+    use) (inputs of more than ``max_elements`` left out). A channels-last input is made as ConvNeXt's blocks
+    make it (a permuted [N, H, W, C] tensor)."""
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        return _measure(layouts, dtypes, grid, log, max_elements)
+        return _measure(layouts, dtypes, grid, log, max_elements, torch.device(device))
     finally:
         torch.set_num_threads(before)
 
 
-def _measure(layouts, dtypes, grid: dict, log, max_elements: int | None) -> list[dict]:
+def _measure(layouts, dtypes, grid: dict, log, max_elements: int | None, device: torch.device) -> list[dict]:
     import torch.nn.functional as F
 
-    kinds = {"fp32": torch.float32, "bf16": torch.bfloat16}
+    kinds = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+    timer = cuda_best_median if device.type == "cuda" else best_median
     rows = []
     for dtype in dtypes:
         dt = kinds[dtype]
@@ -77,12 +104,12 @@ def _measure(layouts, dtypes, grid: dict, log, max_elements: int | None) -> list
                         if max_elements is not None and b * c * h * h > max_elements:
                             continue
                         for layout in layouts:
-                            x = (torch.randn(b, h, h, c, dtype=dt).permute(0, 3, 1, 2) if layout == "channels_last"
-                                 else torch.randn(b, c, h, h, dtype=dt))
-                            w = torch.randn(c, 1, k, k, dtype=dt)
+                            x = (torch.randn(b, h, h, c, dtype=dt, device=device).permute(0, 3, 1, 2)
+                                 if layout == "channels_last" else torch.randn(b, c, h, h, dtype=dt, device=device))
+                            w = torch.randn(c, 1, k, k, dtype=dt, device=device)
                             g = torch.randn_like(F.conv2d(x, w, padding=k // 2, groups=c))
-                            fwd = best_median(lambda: F.conv2d(x, w, padding=k // 2, groups=c))
-                            bwd = best_median(lambda: torch.ops.aten.convolution_backward(
+                            fwd = timer(lambda: F.conv2d(x, w, padding=k // 2, groups=c))
+                            bwd = timer(lambda: torch.ops.aten.convolution_backward(
                                 g, x, w, None, [1, 1], [k // 2] * 2, [1, 1], False, [0, 0], c, [True, True, False]))
                             rows.append({"precision": dtype, "layout": layout, "batch_size": b, "channels": c,
                                          "image_size": h, "taps": k * k, "forward_s": fwd, "backward_s": bwd})
@@ -189,3 +216,64 @@ def priced(shapes: torch.Tensor, backward: torch.Tensor, dtypes: list[str], chan
     if table is None or channels_last is None:
         return torch.full((shapes.shape[0],), float("nan"), dtype=torch.float64)
     return table.priced(shapes, backward, dtypes, channels_last, PRICED_LAYOUTS[0])
+
+
+def probe_file(rows: list[dict], env: dict, threads: int, date: str) -> dict:
+    """What ``python -m gnn_ptp.depthwise_table`` writes: the rows and where they were measured (the
+    hardware, driver, CUDA and torch versions, threads and the date: ``records.environment``)."""
+    return {"schema": 1, "kind": "depthwise_probes", "hardware": env.get("hardware"),
+            "device_name": env.get("device_name"), "driver": env.get("driver"), "cuda": env.get("cuda"),
+            "cudnn": env.get("cudnn"), "torch": env.get("torch"), "cpu_model": env.get("cpu_model"),
+            "threads": threads, "date": date, "rows": rows}
+
+
+def main(argv=None) -> None:
+    """Measure the depthwise probes of this machine's CPU or GPU into a JSON file (a GPU has no descriptor
+    to hold them: its file is kept beside the datasets, ``datasets/<gpu>/depthwise-probes-<date>.json``)."""
+    import argparse
+    import json
+    import sys
+    from datetime import datetime, timezone
+    from pathlib import Path
+
+    from gnn_ptp.errors import UserError
+    from gnn_ptp.records import environment
+    from gnn_ptp.store import atomic_write_text
+
+    ap = argparse.ArgumentParser(prog="python -m gnn_ptp.depthwise_table", description=main.__doc__.split("\n")[0])
+    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    ap.add_argument("--out", required=True, type=Path, help="the JSON file to write (never overwritten)")
+    ap.add_argument("--layouts", default="both", choices=("both", *LAYOUTS))
+    ap.add_argument("--dtypes", default=None,
+                    help=f"comma-separated, of {', '.join(('fp32', 'bf16', 'fp16'))} (default: "
+                         f"{','.join(GPU_DTYPES)} on a GPU, fp32,bf16 on a CPU)")
+    ap.add_argument("--threads", type=int, default=1, help="CPU threads (--device cpu)")
+    ap.add_argument("--small", action="store_true", help="one shape per axis end (a check that it runs)")
+    args = ap.parse_args(argv)
+    dtypes = tuple(d for d in (args.dtypes or ",".join(GPU_DTYPES if args.device == "cuda" else ("fp32", "bf16")))
+                   .split(",") if d)
+    bad = [d for d in dtypes if d not in ("fp32", "bf16", "fp16")]
+    if bad or not dtypes:
+        raise UserError(f"--dtypes {args.dtypes}: a comma-separated list of fp32, bf16, fp16")
+    if args.out.exists():
+        raise UserError(f"--out {args.out}: exists; probes are never overwritten, give a new file")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda: no CUDA device here (give --device cpu to probe this CPU)")
+    grid = GPU_GRID if args.device == "cuda" else GRID
+    if args.small:
+        grid = {k: (v[0], v[-1]) for k, v in grid.items()}
+    layouts = LAYOUTS if args.layouts == "both" else (args.layouts,)
+    start = time.perf_counter()
+    rows = measure(layouts, dtypes, grid, threads=args.threads, device=args.device,
+                   log=lambda m: print(m, file=sys.stderr, flush=True))
+    env = environment(torch.device(args.device))
+    date = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(json.dumps(probe_file(rows, env, args.threads, date), indent=1) + "\n", args.out)
+    print(f"{len(rows)} depthwise probes on {env.get('device_name')} in {time.perf_counter() - start:.0f} s -> {args.out}")
+
+
+if __name__ == "__main__":
+    from gnn_ptp.errors import run_script
+
+    run_script(main)

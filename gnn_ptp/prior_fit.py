@@ -87,6 +87,9 @@ class KernelRows:
     slow_conv: torch.Tensor | None = None
     """Per row, a dense convolution's slow-path costs ([R, 6], ``prior.slow_conv_terms``; NaN for other rows;
     None: unknown, none)."""
+    step_share: torch.Tensor | None = None
+    """Per row, its time over the summed time of every measured kernel of its step (its profile's matched
+    nodes; ``fit_device(step_weights=True)``); None: unknown."""
 
     def __len__(self) -> int:
         return int(self.seconds.numel())
@@ -120,7 +123,8 @@ def kernel_rows(samples: list, node_seconds: dict[str, list[torch.Tensor]]) -> K
     """Rows of every node with a measured device time > 0 (``node_seconds``: per configuration key, one
     tensor of per-node seconds per profile, NaN where unmatched; profiles of a configuration averaged)."""
     parts = {k: [] for k in ("flops", "moved", "dtype", "gemm", "tc", "cat", "family", "s", "draw", "bwd", "fresh",
-                                 "grouped", "depthwise", "conv_gemm", "bn_channels", "opt", "layout", "slow_conv")}
+                                 "grouped", "depthwise", "conv_gemm", "bn_channels", "opt", "layout", "slow_conv",
+                                 "share")}
     gemm_ids = torch.tensor([ops.CATEGORIES.index(c) for c in ops.TENSOR_CORE_CATEGORIES])
     for s in samples:
         per_profile = node_seconds.get(s.key)
@@ -141,6 +145,7 @@ def kernel_rows(samples: list, node_seconds: dict[str, list[torch.Tensor]]) -> K
         parts["cat"] += [ops.CATEGORIES[c] for c in x_cat[:, 1].tolist()]
         parts["family"] += [s.family] * int(keep.sum())
         parts["s"].append(measured[keep].double())
+        parts["share"].append(measured[keep].double() / measured[keep].double().sum())
         parts["draw"].append(row_draws(s.key, keep.numel())[keep])
         parts["bwd"].append(x_cat[:, 3] == prior.BACKWARD_PHASE)
         parts["opt"].append(x_cat[:, 3] == prior.OPTIMIZER_PHASE)
@@ -161,7 +166,7 @@ def kernel_rows(samples: list, node_seconds: dict[str, list[torch.Tensor]]) -> K
                       torch.cat(parts["s"]), torch.cat(parts["draw"]), torch.cat(parts["bwd"]),
                       torch.cat(parts["fresh"]), torch.cat(parts["grouped"]), torch.cat(parts["depthwise"]),
                       torch.cat(parts["conv_gemm"]), torch.cat(parts["bn_channels"]), torch.cat(parts["opt"]),
-                      torch.cat(parts["layout"]), torch.cat(parts["slow_conv"]))
+                      torch.cat(parts["layout"]), torch.cat(parts["slow_conv"]), torch.cat(parts["share"]))
 
 
 def row_draws(key: str, n: int) -> torch.Tensor:
@@ -407,7 +412,8 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
                own_vector: tuple[str, ...] = (), own_memory: tuple[str, ...] = (),
                gemm_layouts: bool = False, layout_curves: bool = False,
                bounded_layout_curves: bool = False, layout_levels: bool = False,
-               slow_conv: tuple[str, ...] = (), depthwise_probes: bool = False) -> dict:
+               slow_conv: tuple[str, ...] = (), depthwise_probes: bool = False,
+               step_weights: bool = False) -> dict:
     """Curves (``prior.Curve`` dicts) for GEMM-like kernels per category and dtype (``by_category``; else per
     dtype), other compute ("vector"), memory traffic, and the device floor in seconds, fitted to ``rows``.
     With ``intensity`` the compute curves also ramp with arithmetic intensity; with ``vector_by_category``
@@ -502,8 +508,7 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
         for name in prior.BATCH_NORM_OPS:  # half at 64 channels, slope 1
             params[f"cramp:{name}"] = torch.tensor([math.log(64.0), 0.0], dtype=torch.float64, requires_grad=True)
     opt = torch.optim.Adam(list(params.values()), lr=0.03)
-    weight = rows.seconds.sqrt()
-    weight = weight / weight.sum()
+    weight = kernel_weights(rows, step_weights)
     target = torch.log(rows.seconds)
     faults = None if not fresh else prior.fresh_seconds(rows.fresh, fresh["threshold_bytes"],
                                                         1.0 if fit_fresh else fresh["s_per_byte"])
@@ -565,6 +570,8 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
             out["depthwise_probes"] = True
         if lshifts:
             out["layout_levels"] = True
+        if step_weights:
+            out["step_weights"] = True
         if "cramp:batch_norm" in params:
             out["channel_ramp"] = {name: [float(v) for v in params[f"cramp:{name}"].exp()]
                                    for name in prior.BATCH_NORM_OPS}
@@ -672,6 +679,21 @@ def _depthwise_apart(rows: KernelRows, fresh: dict | None) -> tuple[dict, Kernel
     """``fit_depthwise``'s laws and the rows they do not price (the ones the curves are fitted to)."""
     law, on_law = fit_depthwise(rows, fresh)
     return law, (take(rows, ~on_law) if law else rows)
+
+
+def kernel_weights(rows: KernelRows, step_weights: bool = False) -> torch.Tensor:
+    """Each row's weight in the device fit's log-time loss, summing to 1: the square root of its time (the
+    default: the kernels that hold a step count more than a thousand tiny ones, which still count), or with
+    ``step_weights`` its share of its own step's measured kernel time (``KernelRows.step_share``): every step
+    weighs the same, a small step's kernels as much as a large one's, and within a step each kernel as much
+    as it adds to the step's time, the weight a step's relative error puts on it to first order."""
+    if step_weights:
+        if rows.step_share is None:
+            raise ValueError("step_weights needs each row's share of its step (KernelRows.step_share)")
+        weight = rows.step_share.double()
+    else:
+        weight = rows.seconds.sqrt()
+    return weight / weight.sum()
 
 
 def device_profile(hw: Hardware, fitted: dict, host_s=None, fixed_s=None) -> prior.Profile:
@@ -878,7 +900,7 @@ def take(rows: KernelRows, keep: torch.Tensor) -> KernelRows:
                       rows.tensor_core[keep], [rows.category[i] for i in pick], [rows.family[i] for i in pick],
                       rows.seconds[keep], part(rows.draw), part(rows.backward), part(rows.fresh),
                       part(rows.grouped), part(rows.depthwise), part(rows.conv_gemm), part(rows.bn_channels),
-                      part(rows.optimizer), part(rows.layout), part(rows.slow_conv))
+                      part(rows.optimizer), part(rows.layout), part(rows.slow_conv), part(rows.step_share))
 
 
 def fit(samples: list, node_seconds: dict, hw: Hardware, max_rows: int | None = None, **device_kw):
@@ -916,7 +938,8 @@ def section_options(section: dict) -> dict:
                                          for k, v in section.get("gemm", {}).items()),
             "layout_levels": bool(section.get("layout_levels")),
             "slow_conv": tuple(sorted({k.split(":")[1] for k in section.get("slow_conv", {})})),
-            "depthwise_probes": bool(section.get("depthwise_probes"))}
+            "depthwise_probes": bool(section.get("depthwise_probes")),
+            "step_weights": bool(section.get("step_weights"))}
 
 
 MAX_ROWS = 80_000

@@ -56,6 +56,51 @@ def test_the_device_fit_recovers_the_curves_that_made_the_kernels():
     assert profile.memory(big).item() == pytest.approx(prior.Curve.from_dict(TRUE["memory"])(big).item(), rel=0.1)
 
 
+def test_step_weights_count_every_step_the_same_where_kernel_time_weights_count_the_many_kernels():
+    """SYNTHETIC: small steps of 50 tiny fp32 GEMMs each that run 2x faster than the TRUE curve says, beside
+    large steps of one large GEMM and 20 tiny ones each at it (the same tiny sizes: no curve fits both).
+    Weighted by the square root of their time the large steps' many tiny kernels set the tiny sizes' price
+    and the small steps stay priced ~2x; weighted by their share of their own step (``step_weights``) every
+    step counts once and the small steps, whose time they are, set it. ``kernel_weights`` sums each step's
+    weights to the same."""
+    n_small, n_large, tiny_small, tiny_large = 20, 200, 50, 20
+    g = torch.Generator().manual_seed(3)
+
+    def tiny(k):
+        return 10 ** (5 + torch.rand(k, generator=g, dtype=torch.float64))
+    flops, step_of, fast = [], [], []
+    for i in range(n_small):
+        flops.append(tiny(tiny_small))
+        step_of += [i] * tiny_small
+        fast += [True] * tiny_small
+    for i in range(n_large):
+        flops += [10 ** (11 + torch.rand(1, generator=g, dtype=torch.float64)), tiny(tiny_large)]
+        step_of += [n_small + i] * (1 + tiny_large)
+        fast += [False] * (1 + tiny_large)
+    flops, step_of, fast = torch.cat(flops), torch.tensor(step_of), torch.tensor(fast)
+    n = flops.numel()
+    rows = prior_fit.KernelRows(flops, flops ** (2 / 3) * 6, ["fp32"] * n, torch.ones(n, dtype=torch.bool),
+                                torch.zeros(n, dtype=torch.bool), ["matmul"] * n, ["synthetic"] * n,
+                                torch.zeros(n, dtype=torch.float64))
+    truth = prior.profile_from_dict(H200, {**TRUE, "launch_floor_s": 1e-9})
+    rows.seconds = prior_fit._prior_seconds(rows, truth) * torch.where(fast, 0.5, 1.0).double()
+    totals = torch.zeros(n_small + n_large, dtype=torch.float64).index_add(0, step_of, rows.seconds)
+    rows.step_share = rows.seconds / totals[step_of]
+    weights = prior_fit.kernel_weights(rows, step_weights=True)
+    per_step = torch.zeros(n_small + n_large, dtype=torch.float64).index_add(0, step_of, weights)
+    assert torch.allclose(per_step, torch.full_like(per_step, 1 / (n_small + n_large)))
+    ratio = {}
+    for step_weights in (False, True):
+        fitted = prior_fit.fit_device(rows, H200, steps=800, intensity=False, step_weights=step_weights)
+        assert fitted.get("step_weights", False) == step_weights
+        pred = prior_fit._prior_seconds(rows, prior_fit.device_profile(H200, fitted))
+        ratio[step_weights] = float(pred[fast].sum() / rows.seconds[fast].sum())
+    assert ratio[False] > 1.5  # the large steps' tiny kernels set the price
+    assert ratio[True] < ratio[False] - 0.4  # 1.80 -> 1.20 when written
+    with pytest.raises(ValueError, match="step_share"):
+        prior_fit.kernel_weights(replace(rows, step_share=None), step_weights=True)
+
+
 def test_a_non_gemm_category_gets_its_own_peak_fraction_where_its_kernels_run_faster():
     """SYNTHETIC: element-wise kernels at the TRUE vector fraction (0.05), optimizer kernels (foreach,
     compute-heavy per byte) at 0.5: one pooled vector curve cannot price both, one fraction per category
@@ -401,15 +446,17 @@ def test_section_options_read_how_a_shipped_section_was_fitted():
                                                        "channel_ramp": False, "conv_intensity": "tensor",
                                                        "gemm_layouts": False, "layout_curves": False,
                                                        "bounded_layout_curves": False, "layout_levels": False,
-                                                       "slow_conv": (), "depthwise_probes": False}
+                                                       "slow_conv": (), "depthwise_probes": False,
+                                                       "step_weights": False}
     full = {"vector_fraction": {"norm": 0.5}, "memory_fraction": {"copy:fp32": 1.0}, "channel_ramp": {"x": [1, 1]},
             "conv_intensity": "gemm", "gemm_layouts": True, "gemm": {"matmul@tn:bf16": {"size_max": 1e9}},
             "layout_levels": True, "slow_conv": {"forward:bf16": [0.0] * 6, "backward:bf16": [0.0] * 6},
-            "depthwise_probes": True}
+            "depthwise_probes": True, "step_weights": True}
     assert prior_fit.section_options(full) == {"vector_by_category": True, "memory_by_category": True,
                                                "channel_ramp": True, "conv_intensity": "gemm", "gemm_layouts": True,
                                                "layout_curves": True, "bounded_layout_curves": True,
-                                               "layout_levels": True, "slow_conv": ("bf16",), "depthwise_probes": True}
+                                               "layout_levels": True, "slow_conv": ("bf16",), "depthwise_probes": True,
+                                               "step_weights": True}
     table = prior.calibration()
     assert prior_fit.section_options(table["cpu"])["vector_by_category"]  # per-category since the 19th session
     assert prior_fit.section_options(table["cpu-amd-epyc-family-26-model-2"])["memory_by_category"]
@@ -889,6 +936,34 @@ def test_depthwise_probes_measure_rows_a_table_reads():
     x = torch.zeros(2, 3, 3, 8).permute(0, 3, 1, 2)
     assert ops.channels_last_strides(tuple(x.shape), x.stride())
     assert "torch" in depthwise_table.provenance()
+
+
+def test_the_depthwise_probe_command_writes_rows_that_name_their_machine_and_never_overwrites(tmp_path, capsys):
+    """``python -m gnn_ptp.depthwise_table`` (the GPU loan's probe step; here on the CPU, on its two-point
+    grid, one dtype and layout): a file with the rows a ``Table`` reads and where they were measured (hardware,
+    driver, CUDA and torch versions, the date); an existing file is refused, as is a dtype it cannot time or
+    a GPU where there is none, each in one line (``UserError``)."""
+    import json
+
+    from gnn_ptp import depthwise_table
+    from gnn_ptp.errors import UserError
+
+    out = tmp_path / "probes.json"
+    depthwise_table.main(["--device", "cpu", "--small", "--dtypes", "fp32", "--layouts", "channels_last",
+                          "--out", str(out)])
+    stored = json.loads(out.read_text())
+    assert {"hardware", "device_name", "driver", "cuda", "torch", "date", "rows"} <= set(stored)
+    assert stored["hardware"] == "cpu" and stored["torch"] == torch.__version__
+    assert len(stored["rows"]) == 16  # two points on each of the four axes
+    assert {r["layout"] for r in stored["rows"]} == {"channels_last"}
+    depthwise_table.Table(stored["rows"])  # a full grid
+    with pytest.raises(UserError, match="never overwritten"):
+        depthwise_table.main(["--device", "cpu", "--out", str(out)])
+    with pytest.raises(UserError, match="--dtypes fp8"):
+        depthwise_table.main(["--device", "cpu", "--dtypes", "fp8", "--out", str(tmp_path / "b.json")])
+    if not torch.cuda.is_available():
+        with pytest.raises(UserError, match="no CUDA device"):
+            depthwise_table.main(["--out", str(tmp_path / "c.json")])
 
 
 def test_channels_last_depthwise_convolutions_are_priced_from_the_hardware_s_probes_where_fitted_so(monkeypatch):
