@@ -328,7 +328,17 @@ def _probes_for(hw, data: Path, device_kw: dict):
 
     if not device_kw.get("depthwise_probes"):
         return hw
-    desc = descriptor.for_env(_first_env(data)) if hw.kind == "cpu" else None
+    if hw.kind != "cpu":  # a GPU's probes are kept in a file of their own
+        from gnn_ptp import depthwise_table
+
+        rows = depthwise_table.gpu_probe_rows(hw.name)
+        if not rows:
+            raise UserError(f"--depthwise-probes: no depthwise probes of the {hw.name} (python -m "
+                            f"gnn_ptp.depthwise_table on one, kept as {depthwise_table.GPU_PROBE_DIR.name}/"
+                            f"{hw.name}.json)")
+        print(f"depthwise probes of the {hw.name}: {len(rows)} shapes")
+        return replace(hw, depthwise_probe_s=rows)
+    desc = descriptor.for_env(_first_env(data))
     if desc is None or not desc.depthwise_probe_s:
         raise UserError(f"--depthwise-probes: the hardware of {data} has no depthwise probes "
                         "(python -m gnn_ptp.descriptor --depthwise-probes --write on that CPU)")

@@ -15,9 +15,12 @@ grid's points, clamped at its edges.
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 import time
+from functools import lru_cache
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -27,12 +30,16 @@ GRID = {"batch_size": (2, 8), "channels": (64, 96, 128, 192, 256, 384, 512, 640,
         "image_size": (1, 2, 4, 8, 16), "kernel": (3, 5, 7)}
 """The shapes ``measure`` times: widths on the usual ladder, the taps of 3x3, 5x5 and 7x7 kernels, images of
 small training steps (1-16 pixels a side), stride 1, same padding: 300 shapes per dtype and layout."""
-GPU_GRID = {"batch_size": (8, 32, 128), "channels": (64, 96, 128, 192, 256, 384, 512, 768, 1024),
-            "image_size": (4, 7, 14, 28, 56), "kernel": (3, 5, 7)}
+GPU_GRID = {"batch_size": (8, 32, 128, 256), "channels": (64, 96, 192, 384, 768, 1024),
+            "image_size": (7, 14, 28, 56), "kernel": (3, 7)}
 """``measure``'s grid on a GPU (``device="cuda"``): the batches and stage sizes of image models trained on
-one (ConvNeXt's stages at 224 px are 56, 28, 14 and 7 pixels a side, its widths 96-768): 405 shapes per
-dtype and layout, about 5 minutes on an H100 for three dtypes (``python -m gnn_ptp.depthwise_table``)."""
-GPU_DTYPES = ("fp32", "bf16", "fp16")
+one (ConvNeXt's stages at 224 px are 56, 28, 14 and 7 pixels a side, its widths 96-768, its kernels 7x7):
+192 shapes per dtype and layout. On the H200, ConvNeXt's channels-last 7x7 depthwise weight gradients in
+fp32 took 0.17-90 ms in its steps and grew faster than the batch (32 -> 256 at 96 channels over 56 x 56:
+4.5 -> 90 ms), where the fitted curves priced them at 3-44 % of that (README *Analytic H100 mode*)."""
+GPU_DTYPES = ("fp32", "tf32", "bf16", "fp16")
+"""The dtypes a GPU's probes time: "fp32" with cuDNN's TF32 off (the strict fp32 class), "tf32" the same
+fp32 tensors with it on (the tf32 class and torch's default: cuDNN may pick another depthwise kernel)."""
 LAYOUTS = ("contiguous", "channels_last")
 PRICED_LAYOUTS = ("channels_last",)
 """The input layouts whose depthwise convolutions a table prices (``prior.Profile.depthwise_probes``). A
@@ -55,13 +62,23 @@ def best_median(fn, n: int = 9) -> float:
     return best
 
 
-def cuda_best_median(fn, n: int = 9) -> float:
-    """``best_median`` of a GPU call: each call timed by CUDA events around it, on the current stream."""
+def cuda_best_median(fn, n: int = 9, slow_s: float = 0.02) -> float:
+    """``best_median`` of a GPU call: each call timed by CUDA events around it, on the current stream; a
+    call slower than ``slow_s`` (a channels-last fp32 depthwise weight gradient can take 100 ms) is timed
+    over one round of three."""
     fn()
     fn()
     torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    rounds = 3
+    if start.elapsed_time(end) * 1e-3 > slow_s:
+        n, rounds = 3, 1
     best = math.inf
-    for _ in range(3):
+    for _ in range(rounds):
         ts = []
         for _ in range(n):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -78,9 +95,9 @@ def measure(layouts=PRICED_LAYOUTS, dtypes=("fp32", "bf16"), grid: dict = GRID, 
             log=None, max_elements: int | None = None, device: str = "cpu") -> list[dict]:
     """Seconds of the forward and the fused backward (input and weight gradients) of one depthwise 2-d
     convolution per shape of ``grid``, dtype and input layout, on ``threads`` threads of the CPU or on
-    ``device`` "cuda" (timed by CUDA events; TF32 left as torch has it, which depthwise kernels do not
-    use) (inputs of more than ``max_elements`` left out). A channels-last input is made as ConvNeXt's blocks
-    make it (a permuted [N, H, W, C] tensor)."""
+    ``device`` "cuda" (timed by CUDA events; "fp32" with cuDNN's TF32 off, "tf32" on: ``GPU_DTYPES``; the
+    setting put back after), inputs of more than ``max_elements`` left out. A channels-last input is made
+    as ConvNeXt's blocks make it (a permuted [N, H, W, C] tensor)."""
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -90,33 +107,56 @@ def measure(layouts=PRICED_LAYOUTS, dtypes=("fp32", "bf16"), grid: dict = GRID, 
 
 
 def _measure(layouts, dtypes, grid: dict, log, max_elements: int | None, device: torch.device) -> list[dict]:
-    import torch.nn.functional as F
-
-    kinds = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+    kinds = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
     timer = cuda_best_median if device.type == "cuda" else best_median
     rows = []
-    for dtype in dtypes:
-        dt = kinds[dtype]
-        for b in grid["batch_size"]:
-            for c in grid["channels"]:
-                for h in grid["image_size"]:
-                    for k in grid["kernel"]:
-                        if max_elements is not None and b * c * h * h > max_elements:
-                            continue
-                        for layout in layouts:
-                            x = (torch.randn(b, h, h, c, dtype=dt, device=device).permute(0, 3, 1, 2)
-                                 if layout == "channels_last" else torch.randn(b, c, h, h, dtype=dt, device=device))
-                            w = torch.randn(c, 1, k, k, dtype=dt, device=device)
-                            g = torch.randn_like(F.conv2d(x, w, padding=k // 2, groups=c))
-                            fwd = timer(lambda: F.conv2d(x, w, padding=k // 2, groups=c))
-                            bwd = timer(lambda: torch.ops.aten.convolution_backward(
-                                g, x, w, None, [1, 1], [k // 2] * 2, [1, 1], False, [0, 0], c, [True, True, False]))
-                            rows.append({"precision": dtype, "layout": layout, "batch_size": b, "channels": c,
-                                         "image_size": h, "taps": k * k, "forward_s": fwd, "backward_s": bwd})
-                            if log:
-                                log(f"depthwise {dtype} {layout} b{b} c{c} {h}px {k}x{k}: forward "
-                                    f"{fwd * 1e3:.3f} ms, backward {bwd * 1e3:.3f} ms")
+    tf32 = torch.backends.cudnn.allow_tf32
+    try:
+        for dtype in dtypes:
+            torch.backends.cudnn.allow_tf32 = dtype == "tf32"
+            rows += _measure_dtype(dtype, kinds[dtype], layouts, grid, log, max_elements, device, timer)
+    finally:
+        torch.backends.cudnn.allow_tf32 = tf32
     return rows
+
+
+def _measure_dtype(dtype: str, dt: torch.dtype, layouts, grid: dict, log, max_elements: int | None,
+                   device: torch.device, timer) -> list[dict]:
+    import torch.nn.functional as F
+
+    rows = []
+    shapes = [(b, c, h, k) for b in grid["batch_size"] for c in grid["channels"] for h in grid["image_size"]
+              for k in grid["kernel"] if max_elements is None or b * c * h * h <= max_elements]
+    for b, c, h, k in shapes:
+        for layout in layouts:
+            x = (torch.randn(b, h, h, c, dtype=dt, device=device).permute(0, 3, 1, 2) if layout == "channels_last"
+                 else torch.randn(b, c, h, h, dtype=dt, device=device))
+            w = torch.randn(c, 1, k, k, dtype=dt, device=device)
+            g = torch.randn_like(F.conv2d(x, w, padding=k // 2, groups=c))
+            fwd = timer(lambda: F.conv2d(x, w, padding=k // 2, groups=c))
+            bwd = timer(lambda: torch.ops.aten.convolution_backward(
+                g, x, w, None, [1, 1], [k // 2] * 2, [1, 1], False, [0, 0], c, [True, True, False]))
+            rows.append({"precision": dtype, "layout": layout, "batch_size": b, "channels": c,
+                         "image_size": h, "taps": k * k, "forward_s": fwd, "backward_s": bwd})
+            if log:
+                log(f"depthwise {dtype} {layout} b{b} c{c} {h}px {k}x{k}: forward "
+                    f"{fwd * 1e3:.3f} ms, backward {bwd * 1e3:.3f} ms")
+    return rows
+
+
+GPU_PROBE_DIR = Path(__file__).with_name("gpu_probes")
+"""Where a GPU's probes are kept (``<hardware>.json``, as ``python -m gnn_ptp.depthwise_table`` writes them
+on a GPU loan): a GPU has no measured descriptor to hold them."""
+
+
+@lru_cache(maxsize=None)
+def gpu_probe_rows(hardware: str, folder: str | None = None) -> tuple:
+    """The depthwise probes measured on a GPU (``GPU_PROBE_DIR/<hardware>.json``), one tuple object per
+    file (``table_of`` caches by it); () where none were measured."""
+    path = Path(folder or GPU_PROBE_DIR) / f"{hardware}.json"
+    if not hardware or not path.is_file():
+        return ()
+    return tuple(json.loads(path.read_text())["rows"])
 
 
 def provenance(threads: int = 1) -> str:
@@ -231,7 +271,6 @@ def main(argv=None) -> None:
     """Measure the depthwise probes of this machine's CPU or GPU into a JSON file (a GPU has no descriptor
     to hold them: its file is kept beside the datasets, ``datasets/<gpu>/depthwise-probes-<date>.json``)."""
     import argparse
-    import json
     import sys
     from datetime import datetime, timezone
     from pathlib import Path
@@ -245,27 +284,41 @@ def main(argv=None) -> None:
     ap.add_argument("--out", required=True, type=Path, help="the JSON file to write (never overwritten)")
     ap.add_argument("--layouts", default="both", choices=("both", *LAYOUTS))
     ap.add_argument("--dtypes", default=None,
-                    help=f"comma-separated, of {', '.join(('fp32', 'bf16', 'fp16'))} (default: "
+                    help=f"comma-separated, of {', '.join(GPU_DTYPES)} (default: "
                          f"{','.join(GPU_DTYPES)} on a GPU, fp32,bf16 on a CPU)")
     ap.add_argument("--threads", type=int, default=1, help="CPU threads (--device cpu)")
     ap.add_argument("--small", action="store_true", help="one shape per axis end (a check that it runs)")
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="stop after the (layout, dtype) grid during which this many seconds have passed, "
+                         "keeping the grids already complete (channels-last ones first: the ones priced)")
     args = ap.parse_args(argv)
     dtypes = tuple(d for d in (args.dtypes or ",".join(GPU_DTYPES if args.device == "cuda" else ("fp32", "bf16")))
                    .split(",") if d)
-    bad = [d for d in dtypes if d not in ("fp32", "bf16", "fp16")]
+    bad = [d for d in dtypes if d not in GPU_DTYPES or (d == "tf32" and args.device == "cpu")]
     if bad or not dtypes:
-        raise UserError(f"--dtypes {args.dtypes}: a comma-separated list of fp32, bf16, fp16")
+        raise UserError(f"--dtypes {args.dtypes}: a comma-separated list of {', '.join(GPU_DTYPES)} "
+                        "(tf32 on a GPU only)")
     if args.out.exists():
         raise UserError(f"--out {args.out}: exists; probes are never overwritten, give a new file")
     if args.device == "cuda" and not torch.cuda.is_available():
         raise UserError("--device cuda: no CUDA device here (give --device cpu to probe this CPU)")
+    if args.budget_s is not None and args.budget_s <= 0:
+        raise UserError(f"--budget-s {args.budget_s}: a positive number of seconds")
     grid = GPU_GRID if args.device == "cuda" else GRID
     if args.small:
         grid = {k: (v[0], v[-1]) for k, v in grid.items()}
-    layouts = LAYOUTS if args.layouts == "both" else (args.layouts,)
+    layouts = sorted(LAYOUTS if args.layouts == "both" else (args.layouts,), key=lambda la: la not in PRICED_LAYOUTS)
     start = time.perf_counter()
-    rows = measure(layouts, dtypes, grid, threads=args.threads, device=args.device,
-                   log=lambda m: print(m, file=sys.stderr, flush=True))
+    rows, left = [], []
+    for layout in layouts:
+        for dtype in dtypes:
+            if args.budget_s is not None and time.perf_counter() - start > args.budget_s:
+                left.append(f"{layout} {dtype}")
+                continue
+            rows += measure((layout,), (dtype,), grid, threads=args.threads, device=args.device,
+                            log=lambda m: print(m, file=sys.stderr, flush=True))
+    if left:
+        print(f"--budget-s {args.budget_s:g} spent: not measured {', '.join(left)}", file=sys.stderr)
     env = environment(torch.device(args.device))
     date = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     args.out.parent.mkdir(parents=True, exist_ok=True)

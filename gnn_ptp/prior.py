@@ -493,7 +493,10 @@ def calibration_digest(section: str) -> str:
 def profile_from_dict(hw: Hardware, d: dict) -> Profile:
     """``hw``'s profile from a calibration section. A section fitted on another GPU (the H100 borrows the
     H200's: ``CURVES_OF``) gives its curves as they are, fractions of ``hw``'s own peaks; its depthwise law,
-    in seconds, is moved by the two GPUs' memory bandwidth (``borrowed_depthwise``)."""
+    in seconds, is moved by the two GPUs' memory bandwidth (``borrowed_depthwise``). A GPU section fitted
+    with depthwise probes reads them from the GPU's probe file (``with_gpu_probes``)."""
+    if d.get("depthwise_probes") and hw.kind != "cpu" and not hw.depthwise_probe_s:
+        hw = with_gpu_probes(hw, d.get("fitted_on") or "")
     return Profile(hw, {k: Curve.from_dict(v) for k, v in d.get("gemm", {}).items()},
                    Curve.from_dict(d["vector"]) if "vector" in d else Curve(),
                    Curve.from_dict(d["memory"]) if "memory" in d else Curve(),
@@ -512,6 +515,18 @@ def profile_from_dict(hw: Hardware, d: dict) -> Profile:
                    gemm_layouts=bool(d.get("gemm_layouts", False)),
                    slow_conv={k: tuple(float(v) for v in c) for k, c in d.get("slow_conv", {}).items()},
                    depthwise_probes=bool(d.get("depthwise_probes", False)))
+
+
+def with_gpu_probes(hw: Hardware, fitted_on: str) -> Hardware:
+    """``hw`` carrying the depthwise probes measured on it (``depthwise_table.gpu_probe_rows``), else those
+    of the GPU its section was fitted on, as measured: a channels-last depthwise convolution's slow kernels
+    on a Hopper GPU run far below its memory bandwidth (ConvNeXt's fp32 weight gradients at ~40 G
+    multiply-adds a second on the H200), so no bandwidth ratio moves them; ``hw`` unchanged where neither
+    has probes."""
+    from gnn_ptp import depthwise_table
+
+    rows = depthwise_table.gpu_probe_rows(hw.name) or depthwise_table.gpu_probe_rows(fitted_on)
+    return replace(hw, depthwise_probe_s=rows) if rows else hw
 
 
 def borrowed_depthwise(hw: Hardware, d: dict) -> dict[str, tuple[float, ...]]:

@@ -941,8 +941,8 @@ def test_depthwise_probes_measure_rows_a_table_reads():
 def test_the_depthwise_probe_command_writes_rows_that_name_their_machine_and_never_overwrites(tmp_path, capsys):
     """``python -m gnn_ptp.depthwise_table`` (the GPU loan's probe step; here on the CPU, on its two-point
     grid, one dtype and layout): a file with the rows a ``Table`` reads and where they were measured (hardware,
-    driver, CUDA and torch versions, the date); an existing file is refused, as is a dtype it cannot time or
-    a GPU where there is none, each in one line (``UserError``)."""
+    driver, CUDA and torch versions, the date), whole grids only within ``--budget-s``; an existing file is
+    refused, as is a dtype it cannot time or a GPU where there is none, each in one line (``UserError``)."""
     import json
 
     from gnn_ptp import depthwise_table
@@ -957,6 +957,11 @@ def test_the_depthwise_probe_command_writes_rows_that_name_their_machine_and_nev
     assert len(stored["rows"]) == 16  # two points on each of the four axes
     assert {r["layout"] for r in stored["rows"]} == {"channels_last"}
     depthwise_table.Table(stored["rows"])  # a full grid
+    budget = tmp_path / "budget.json"  # the budget ends after the grid it is spent in: the others are left out
+    depthwise_table.main(["--device", "cpu", "--small", "--dtypes", "fp32,bf16", "--layouts", "channels_last",
+                          "--budget-s", "0.001", "--out", str(budget)])
+    assert {r["precision"] for r in json.loads(budget.read_text())["rows"]} == {"fp32"}
+    assert "not measured channels_last bf16" in capsys.readouterr().err
     with pytest.raises(UserError, match="never overwritten"):
         depthwise_table.main(["--device", "cpu", "--out", str(out)])
     with pytest.raises(UserError, match="--dtypes fp8"):
@@ -964,6 +969,37 @@ def test_the_depthwise_probe_command_writes_rows_that_name_their_machine_and_nev
     if not torch.cuda.is_available():
         with pytest.raises(UserError, match="no CUDA device"):
             depthwise_table.main(["--out", str(tmp_path / "c.json")])
+
+
+def test_a_gpu_section_fitted_with_probes_reads_the_gpu_s_probe_file_or_its_fit_gpu_s(tmp_path, monkeypatch):
+    """A GPU has no descriptor: its probes are a file (``depthwise_table.GPU_PROBE_DIR/<gpu>.json``). A GPU
+    section that says ``depthwise_probes`` gives its profile the GPU's own probes, else those of the GPU it
+    was fitted on as measured (the H100 priced from the H200's), else none; a section without the flag
+    never reads them. SYNTHETIC probe files."""
+    import json
+
+    from gnn_ptp import depthwise_table
+
+    law = {"forward:fp32": (-12.0, 1.0, 1.0, 1.0, 0.5), "backward:fp32": (-10.0, 1.0, 1.0, 1.0, 0.5)}
+    rows = [dict(r) for r in _synthetic_probes(law)]
+    monkeypatch.setattr(depthwise_table, "GPU_PROBE_DIR", tmp_path)
+    depthwise_table.gpu_probe_rows.cache_clear()
+    try:
+        (tmp_path / "h200.json").write_text(json.dumps({"hardware": "h200", "rows": rows}))
+        section = {"gemm": {}, "fitted_on": "h200", "depthwise_probes": True}
+        h100 = prior.profile_from_dict(HARDWARE["h100"], section)
+        assert h100.depthwise_probes and len(h100.hardware.depthwise_probe_s) == len(rows)  # the H200's
+        assert h100.hardware == HARDWARE["h100"]  # the same hardware: probes are not its identity
+        assert not prior.profile_from_dict(HARDWARE["h100"], {**section, "depthwise_probes": False}
+                                           ).hardware.depthwise_probe_s
+        own = [{**r, "forward_s": 2 * r["forward_s"]} for r in rows]
+        (tmp_path / "h100.json").write_text(json.dumps({"hardware": "h100", "rows": own}))
+        depthwise_table.gpu_probe_rows.cache_clear()
+        h100 = prior.profile_from_dict(HARDWARE["h100"], section)
+        assert h100.hardware.depthwise_probe_s[0]["forward_s"] == own[0]["forward_s"]
+        assert not depthwise_table.gpu_probe_rows("a100")
+    finally:
+        depthwise_table.gpu_probe_rows.cache_clear()
 
 
 def test_channels_last_depthwise_convolutions_are_priced_from_the_hardware_s_probes_where_fitted_so(monkeypatch):
