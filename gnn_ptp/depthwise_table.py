@@ -269,11 +269,10 @@ def probe_file(rows: list[dict], env: dict, threads: int, date: str) -> dict:
 
 def main(argv=None) -> None:
     """Measure the depthwise probes of this machine's CPU or GPU into a JSON file (a GPU has no descriptor
-    to hold them: its file is kept beside the datasets, ``datasets/<gpu>/depthwise-probes-<date>.json``)."""
+    to hold them: its file is kept as ``GPU_PROBE_DIR/<gpu>.json``, read by ``gpu_probe_rows``)."""
     import argparse
     import sys
     from datetime import datetime, timezone
-    from pathlib import Path
 
     from gnn_ptp.errors import UserError
     from gnn_ptp.records import environment

@@ -465,7 +465,8 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
     applies, and a prior moved to another kind drops it: ``descriptor.transfer``). With ``depthwise_probes``
     and ``hw`` carrying depthwise probes (``Hardware.depthwise_probe_s``), the channels-last depthwise
     convolutions are priced from them (``prior.Profile.depthwise_probes``) and left out of the law and the
-    curves; without probes it changes nothing."""
+    curves; without probes it changes nothing. With ``step_weights`` each kernel weighs in the curves' fit
+    as its share of its own step (``kernel_weights``; tried on the first CPU kind, worse: README *Protocol*)."""
     slow = fit_slow_conv(rows, tuple(slow_conv), fresh)
     fit_fresh = bool(fresh) and fresh.get("s_per_byte") is None
     probed = depthwise_probes and bool(hw.depthwise_probe_s)
