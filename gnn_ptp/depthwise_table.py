@@ -288,8 +288,9 @@ def main(argv=None) -> None:
     ap.add_argument("--threads", type=int, default=1, help="CPU threads (--device cpu)")
     ap.add_argument("--small", action="store_true", help="one shape per axis end (a check that it runs)")
     ap.add_argument("--budget-s", type=float, default=None,
-                    help="stop after the (layout, dtype) grid during which this many seconds have passed, "
-                         "keeping the grids already complete (channels-last ones first: the ones priced)")
+                    help="stop after the (layout, dtype) grid during which this many seconds have passed "
+                         "(channels-last ones first: the ones priced); the file is written after every whole "
+                         "grid, so a process killed mid-grid keeps the grids before it")
     args = ap.parse_args(argv)
     dtypes = tuple(d for d in (args.dtypes or ",".join(GPU_DTYPES if args.device == "cuda" else ("fp32", "bf16")))
                    .split(",") if d)
@@ -308,20 +309,20 @@ def main(argv=None) -> None:
         grid = {k: (v[0], v[-1]) for k, v in grid.items()}
     layouts = sorted(LAYOUTS if args.layouts == "both" else (args.layouts,), key=lambda la: la not in PRICED_LAYOUTS)
     start = time.perf_counter()
+    env = environment(torch.device(args.device))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     rows, left = [], []
     for layout in layouts:
         for dtype in dtypes:
-            if args.budget_s is not None and time.perf_counter() - start > args.budget_s:
+            if args.budget_s is not None and rows and time.perf_counter() - start > args.budget_s:
                 left.append(f"{layout} {dtype}")
                 continue
             rows += measure((layout,), (dtype,), grid, threads=args.threads, device=args.device,
                             log=lambda m: print(m, file=sys.stderr, flush=True))
+            date = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")  # written after every whole grid
+            atomic_write_text(json.dumps(probe_file(rows, env, args.threads, date), indent=1) + "\n", args.out)
     if left:
         print(f"--budget-s {args.budget_s:g} spent: not measured {', '.join(left)}", file=sys.stderr)
-    env = environment(torch.device(args.device))
-    date = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(json.dumps(probe_file(rows, env, args.threads, date), indent=1) + "\n", args.out)
     print(f"{len(rows)} depthwise probes on {env.get('device_name')} in {time.perf_counter() - start:.0f} s -> {args.out}")
 
 
