@@ -35,7 +35,7 @@ GPU_GRID = {"batch_size": (8, 32, 128, 256), "channels": (64, 96, 192, 384, 768,
 """``measure``'s grid on a GPU (``device="cuda"``): the batches and stage sizes of image models trained on
 one (ConvNeXt's stages at 224 px are 56, 28, 14 and 7 pixels a side, its widths 96-768, its kernels 7x7):
 192 shapes per dtype and layout. On the H200, ConvNeXt's channels-last 7x7 depthwise weight gradients in
-fp32 took 0.17-90 ms in its steps and grew faster than the batch (32 -> 256 at 96 channels over 56 x 56:
+fp32 took 0.14-90 ms in its steps and grew faster than the batch (32 -> 256 at 96 channels over 56 x 56:
 4.5 -> 90 ms), where the fitted curves priced them at 3-44 % of that (README *Analytic H100 mode*)."""
 GPU_DTYPES = ("fp32", "tf32", "bf16", "fp16")
 """The dtypes a GPU's probes time: "fp32" with cuDNN's TF32 off (the strict fp32 class), "tf32" the same
