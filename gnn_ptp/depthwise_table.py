@@ -47,48 +47,41 @@ contiguous one measured apart runs 2-5x faster than in a step on the first CPU k
 once for many calls), where the fitted law prices it within 5-40 %: it keeps the law."""
 
 
-def best_median(fn, n: int = 9) -> float:
-    """Best of three medians of ``n`` timed calls, after two warm-up calls."""
+def wall_s(fn) -> float:
+    """Seconds of one call of ``fn`` by the wall clock (a CPU kernel runs on the calling thread)."""
+    t = time.perf_counter()
     fn()
-    fn()
-    best = math.inf
-    for _ in range(3):
-        ts = []
-        for _ in range(n):
-            t = time.perf_counter()
-            fn()
-            ts.append(time.perf_counter() - t)
-        best = min(best, statistics.median(ts))
-    return best
+    return time.perf_counter() - t
 
 
-def cuda_best_median(fn, n: int = 9, slow_s: float = 0.02) -> float:
-    """``best_median`` of a GPU call: each call timed by CUDA events around it, on the current stream; a
-    call slower than ``slow_s`` (a channels-last fp32 depthwise weight gradient can take 100 ms) is timed
-    over one round of three."""
-    fn()
-    fn()
-    torch.cuda.synchronize()
+def cuda_s(fn) -> float:
+    """Seconds of one call of ``fn`` on the GPU, by CUDA events around it on the current stream."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     fn()
     end.record()
     end.synchronize()
+    return start.elapsed_time(end) * 1e-3
+
+
+def best_median(fn, n: int = 9, call_s=wall_s, slow_s: float | None = None) -> float:
+    """Best of three medians of ``n`` calls timed by ``call_s``, after two warm-up calls; with ``slow_s``,
+    a call slower than that (one more timed call says; a channels-last fp32 depthwise weight gradient on a
+    GPU can take 100 ms) is timed over one round of three."""
+    fn()
+    fn()
     rounds = 3
-    if start.elapsed_time(end) * 1e-3 > slow_s:
+    if slow_s is not None and call_s(fn) > slow_s:
         n, rounds = 3, 1
     best = math.inf
     for _ in range(rounds):
-        ts = []
-        for _ in range(n):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            ts.append(start.elapsed_time(end) * 1e-3)
-        best = min(best, statistics.median(ts))
+        best = min(best, statistics.median(call_s(fn) for _ in range(n)))
     return best
+
+
+def cuda_best_median(fn, n: int = 9) -> float:
+    """``best_median`` of a GPU call (``cuda_s``), one round of three for a call over 20 ms."""
+    return best_median(fn, n, call_s=cuda_s, slow_s=0.02)
 
 
 def measure(layouts=PRICED_LAYOUTS, dtypes=("fp32", "bf16"), grid: dict = GRID, threads: int = 1,

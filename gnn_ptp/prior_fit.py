@@ -144,8 +144,9 @@ def kernel_rows(samples: list, node_seconds: dict[str, list[torch.Tensor]]) -> K
         parts["tc"].append(x[:, prior.TC_COLUMN] > 0.5)
         parts["cat"] += [ops.CATEGORIES[c] for c in x_cat[:, 1].tolist()]
         parts["family"] += [s.family] * int(keep.sum())
-        parts["s"].append(measured[keep].double())
-        parts["share"].append(measured[keep].double() / measured[keep].double().sum())
+        seconds = measured[keep].double()
+        parts["s"].append(seconds)
+        parts["share"].append(seconds / seconds.sum())
         parts["draw"].append(row_draws(s.key, keep.numel())[keep])
         parts["bwd"].append(x_cat[:, 3] == prior.BACKWARD_PHASE)
         parts["opt"].append(x_cat[:, 3] == prior.OPTIMIZER_PHASE)
