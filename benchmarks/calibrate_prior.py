@@ -374,9 +374,10 @@ def fit_profiles(data: Path, fit_families: list[str], **device_kw) -> tuple[dict
     the kernels and steps of every other family."""
     from gnn_ptp import prior_fit
 
-    hw, samples, seconds = prior_fit.load_profiled(data)
+    hw, samples, seconds = prior_fit.load_profiled(data, profiler_cost=device_kw.get("profiler_cost", False))
     hw = _probes_for(_layouts_for(hw, data, device_kw), data, device_kw)
     device_kw = _depthwise_for(hw, device_kw)
+    profiler_cost = device_kw.pop("profiler_cost", False)
     fit_s = [s for s in samples if s.family in fit_families]
     held_s = [s for s in samples if s.family not in fit_families]
     if not fit_s or not held_s:
@@ -384,6 +385,8 @@ def fit_profiles(data: Path, fit_families: list[str], **device_kw) -> tuple[dict
                          f"families need configurations (families here: {sorted({s.family for s in samples})})")
     rows_fit, rows_held = prior_fit.kernel_rows(fit_s, seconds), prior_fit.kernel_rows(held_s, seconds)
     fitted = prior_fit.fit_device(rows_fit, hw, **device_kw)
+    if profiler_cost:
+        fitted["profiler_cost"] = True
     device_only = prior_fit.device_profile(hw, fitted)
     host, fixed, host_report = prior_fit.fit_host(fit_s, device_only)
     profile = prior_fit.device_profile(hw, fitted, host, fixed)
@@ -415,7 +418,7 @@ def fit_profiles_lofo(data: Path, hold_out: list[str] = (), score_only: bool = F
     error from fitting the same way with one family left out at a time (``prior_fit.leave_one_family_out``)."""
     from gnn_ptp import prior_fit
 
-    hw, samples, seconds = prior_fit.load_profiled(data)
+    hw, samples, seconds = prior_fit.load_profiled(data, profiler_cost=device_kw.get("profiler_cost", False))
     hw = _probes_for(_layouts_for(hw, data, device_kw), data, device_kw)
     device_kw = _depthwise_for(hw, device_kw)
     print(f"leave one family out ({len({s.family for s in samples})} families, {len(samples)} steps):")
@@ -496,7 +499,7 @@ def _section(hw, env: dict, source: str, summary: str, by_class: str, fitted: di
             **({"vector_fraction": fitted["vector_fraction"]} if fitted.get("vector_fraction") else {}),
             **({k: fitted[k] for k in ("memory_fraction", "memory_half_size", "streaming", "depthwise",
                                        "conv_intensity", "channel_ramp", "gemm_layouts", "layout_levels",
-                                       "slow_conv", "depthwise_probes", "step_weights")
+                                       "slow_conv", "depthwise_probes", "step_weights", "profiler_cost")
                 if fitted.get(k)}),
             **({"fresh_threshold_bytes": fitted["fresh"]["threshold_bytes"],
                 "fresh_s_per_byte": fitted["fresh"]["s_per_byte"]} if fitted.get("fresh") else {}),
@@ -664,6 +667,12 @@ def main() -> None:
                          "the square root of its time (tried in the thirty-fifth session on the first CPU kind, fit "
                          "to every family but the checkpoint's three: worse on the steps, mean of 17 families "
                          "12.5 -> 13.1 %%, those three 14.3 -> 17.1 %%; not declared, no section has it)")
+    ap.add_argument("--profiler-cost", action="store_true",
+                    help="with --profiles on a CPU kind: each profiled op's time less what the profiler adds per "
+                         "op it records (the median over the folder's records of the profiled step's phase over "
+                         "its record's unprofiled median, per recorded op: node_labels.profiler_cost_us); the "
+                         "section says so and the protocol's refits do the same (README *Protocol*, the "
+                         "profiler's cost)")
     ap.add_argument("--jobs", type=int, default=1,
                     help="with --lofo/--lofo-only: families left out in this many processes at once (each fit "
                          "on one thread; the scores do not depend on it)")
@@ -709,6 +718,7 @@ def main() -> None:
               **({"slow_conv": ("bf16",)} if args.slow_conv_law else {}),
               **({"depthwise_probes": True} if args.depthwise_probes else {}),
               **({"step_weights": True} if args.step_weights else {}),
+              **({"profiler_cost": True} if args.profiler_cost else {}),
               **(KERNEL_CLASSES if args.kernel_classes else {})}
         if args.lofo_only:
             _, e = fit_profiles_lofo(args.profiles, score_only=True, jobs=args.jobs, **kw)

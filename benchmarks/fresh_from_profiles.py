@@ -43,12 +43,12 @@ def fit_kind(data: Path, steps: int = 1500) -> dict:
     from gnn_ptp import descriptor, prior, prior_fit
 
     t0 = time.time()
-    hw, samples, seconds = prior_fit.load_profiled(data)
-    if hw.kind != "cpu":
-        raise UserError(f"--data {data}: a {hw.kind}'s dataset; a fresh-allocation cost is a CPU's")
     env = _first_env(data)
     desc = descriptor.for_env(env)
     kw = {**prior_fit.section_options(prior.calibration().get(desc.curves_section(), {})), "depthwise": True}
+    hw, samples, seconds = prior_fit.load_profiled(data, profiler_cost=kw.pop("profiler_cost"))
+    if hw.kind != "cpu":
+        raise UserError(f"--data {data}: a {hw.kind}'s dataset; a fresh-allocation cost is a CPU's")
     rows = prior_fit.kernel_rows(samples, seconds)
     faulted = prior.fresh_seconds(rows.fresh, THRESHOLD_BYTES, 1.0)
     families = Counter(f for f, b in zip(rows.family, (faulted > 0).tolist()) if b) if faulted is not None else {}

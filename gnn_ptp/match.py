@@ -83,9 +83,18 @@ def _canonical(name: str) -> str:
     return ops.ALIASES.get(name, name)
 
 
-def match_profile(traced: TracedStep | None, profile: dict, nodes: list | None = None) -> Match:
+PROFILER_FLOOR = 0.25
+"""A node's time less the profiler's cost (``match_profile``'s ``profiler_us_per_op``) keeps at least this
+share of its profiled time."""
+
+
+def match_profile(traced: TracedStep | None, profile: dict, nodes: list | None = None,
+                  profiler_us_per_op: tuple[float, float, float] | None = None) -> Match:
     """Match a stored profile (``profiles.compact``) onto the traced graph of the same configuration (or
-    onto its ``kernel_nodes``, given instead of the trace)."""
+    onto its ``kernel_nodes``, given instead of the trace). ``profiler_us_per_op`` (per phase; a CPU
+    profile's ``profiles.profiler_cost_us``): what the profiler added to each op it recorded, taken off a
+    node's time once for its own op and once for every op under it the node takes (at most down to
+    ``PROFILER_FLOOR`` of it)."""
     cols = {c: i for i, c in enumerate(profile["columns"])}
     rows = profile["ops"]
     on_gpu = profile.get("device") == "cuda"
@@ -138,6 +147,7 @@ def match_profile(traced: TracedStep | None, profile: dict, nodes: list | None =
                 continue
             i = candidates[best]
             own_us = rows[i][incl]
+            taken = 1
             stack = list(children.get(i, ()))
             while stack:  # what it called belongs to this node, but for ops already another node's
                 j = stack.pop()
@@ -145,9 +155,12 @@ def match_profile(traced: TracedStep | None, profile: dict, nodes: list | None =
                     own_us -= rows[j][incl]
                     continue
                 covered[j] = True
+                taken += 1
                 stack.extend(children.get(j, ()))
             covered[i] = True
             own_us = max(own_us, 0.0)
+            if profiler_us_per_op is not None:
+                own_us = max(own_us - taken * profiler_us_per_op[phase_id], PROFILER_FLOOR * own_us)
             node_ms[n] = own_us / 1e3
             matched_ms[phase] += own_us / 1e3
             pos = max(pos, best + 1)

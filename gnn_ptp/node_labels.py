@@ -29,6 +29,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from gnn_ptp import ops
@@ -201,16 +202,19 @@ def load(data_dir, measured: list, log=None) -> dict[str, dict]:
             for m in wanted if any(i in matched for i in ids[m.key])}
 
 
-def node_seconds(data_dir, measured: list, log=None) -> dict[str, list[torch.Tensor]]:
+def node_seconds(data_dir, measured: list, log=None, profiler_cost: bool = False) -> dict[str, list[torch.Tensor]]:
     """Per configuration key, one tensor per profile of every node's measured device (GPU) or host (CPU)
     seconds, NaN where the profile matched no op to the node: the raw material of kernel-level fits
-    (``prior_fit``). Uses (and fills) the folder's node-label cache for the traced kernels."""
+    (``prior_fit``). Uses (and fills) the folder's node-label cache for the traced kernels. With
+    ``profiler_cost`` a CPU node's seconds leave out what the profiler added to the ops it took
+    (``profiles.profiler_cost_us`` of its profile against the same record's unprofiled phases)."""
     from gnn_ptp import match, profiles
 
     load(data_dir, measured, log)
     ids = profiled_ids(data_dir)
     cache = torch.load(_cache_of(data_dir, [m for m in measured if m.key in ids]), weights_only=True)
     found = profiles.read_profiles(data_dir)
+    cost = profiler_cost_us(data_dir, found) if profiler_cost else None
     out: dict[str, list[torch.Tensor]] = {}
     for m in measured:
         nodes = cache["nodes"].get(m.key)
@@ -218,9 +222,25 @@ def node_seconds(data_dir, measured: list, log=None) -> dict[str, list[torch.Ten
             continue
         for i in ids.get(m.key, ()):
             if i in found:
-                ms = match.match_profile(None, found[i], nodes).node_ms
+                ms = match.match_profile(None, found[i], nodes, cost).node_ms
                 out.setdefault(m.key, []).append(torch.tensor(ms, dtype=torch.float64) / 1e3)
     return out
+
+
+def profiler_cost_us(data_dir, found: dict | None = None) -> tuple[float, float, float] | None:
+    """Per phase, the microseconds the profiler adds to each op it records on the folder's CPU: the median
+    over its profiled single-process records of ``profiles.profiler_cost_us`` (each one profiled step
+    against its record's unprofiled medians: one step is noisy, the median of hundreds is not). None
+    where no record has a CPU profile with phase times. ``found``: ``profiles.read_profiles`` of the folder."""
+    from gnn_ptp import profiles
+    from gnn_ptp.records import iter_records, measurement_problem
+
+    found = profiles.read_profiles(data_dir) if found is None else found
+    costs = [profiles.profiler_cost_us(found[r["id"]], r.get("timing"))
+             for r in iter_records(data_dir, warn=lambda _: None, strict=False, check=measurement_problem)
+             if r.get("status") == "ok" and r.get("id") in found and (r.get("ddp") or {}).get("world_size", 1) == 1]
+    costs = [c for c in costs if c is not None]
+    return tuple(float(v) for v in np.median(np.array(costs), 0)) if costs else None
 
 
 def attach(samples: list, labels: dict[str, dict]) -> int:

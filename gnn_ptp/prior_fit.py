@@ -99,16 +99,17 @@ class KernelRows:
         return self.backward if self.backward is not None else torch.zeros(len(self), dtype=torch.bool)
 
 
-def load_profiled(data):
+def load_profiled(data, profiler_cost: bool = False):
     """(hardware, samples, per-node measured seconds: ``node_labels.node_seconds``) of a GPU dataset
-    folder with per-op profiles."""
+    folder with per-op profiles; with ``profiler_cost`` a CPU's node seconds leave out the profiler's cost
+    per recorded op (``node_labels.profiler_cost_us``)."""
     from gnn_ptp import dataset, node_labels
     from gnn_ptp.hardware import get_hardware
 
     measured = dataset.measured_configs(data)
     hw = get_hardware(measured[0].hardware)
     samples = dataset.make_samples(measured, dataset.load_graphs(data, measured, True))
-    return hw, samples, node_labels.node_seconds(data, measured)
+    return hw, samples, node_labels.node_seconds(data, measured, profiler_cost=profiler_cost)
 
 
 def measured_node_seconds(sample, per_profile: list[torch.Tensor]) -> torch.Tensor | None:
@@ -908,7 +909,10 @@ def take(rows: KernelRows, keep: torch.Tensor) -> KernelRows:
 def fit(samples: list, node_seconds: dict, hw: Hardware, max_rows: int | None = None, **device_kw):
     """Both stages on ``samples``: (fitted device curves, profile with host costs, host report). With
     ``depthwise`` the law is fitted to every depthwise-like kernel (a few thousand) and the curves to at most
-    ``max_rows`` of the others."""
+    ``max_rows`` of the others. ``profiler_cost``: ``node_seconds`` leave out the profiler's cost per
+    recorded op (``node_labels.node_seconds(..., profiler_cost=True)``, the caller's); the fit says so
+    (``fitted["profiler_cost"]``), and a refit of its section does the same (``section_options``)."""
+    profiler_cost = device_kw.pop("profiler_cost", False)
     rows = kernel_rows(samples, node_seconds)
     rows = unprobed(rows, hw) if device_kw.get("depthwise_probes") else rows  # before the law is fitted
     slow = fit_slow_conv(rows, tuple(device_kw.pop("slow_conv", ())), device_kw.get("fresh"))
@@ -920,6 +924,8 @@ def fit(samples: list, node_seconds: dict, hw: Hardware, max_rows: int | None = 
         fitted["depthwise"] = law
     if slow:
         fitted["slow_conv"] = slow
+    if profiler_cost:
+        fitted["profiler_cost"] = True
     host, fixed, report = fit_host(samples, device_profile(hw, fitted))
     return fitted, device_profile(hw, fitted, host, fixed), report
 
@@ -941,7 +947,8 @@ def section_options(section: dict) -> dict:
             "layout_levels": bool(section.get("layout_levels")),
             "slow_conv": tuple(sorted({k.split(":")[1] for k in section.get("slow_conv", {})})),
             "depthwise_probes": bool(section.get("depthwise_probes")),
-            "step_weights": bool(section.get("step_weights"))}
+            "step_weights": bool(section.get("step_weights")),
+            "profiler_cost": bool(section.get("profiler_cost"))}
 
 
 MAX_ROWS = 80_000

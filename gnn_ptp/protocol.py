@@ -106,6 +106,10 @@ class Budget:
     (``prior_fit.fit_slow_conv``: per call, per multiply-add, per weight element per sample, per im2col and
     per input/output element; ``prior.Profile.slow_conv``) on top of its section's options, for a kind whose
     shipped section lacks it (the fourth kind's carries it for bf16). Empty (default): the section's."""
+    profiler_cost: bool = False
+    """A CPU kind's prior refitted in every fold reads node seconds less the profiler's cost per recorded op
+    (``node_labels.profiler_cost_us``) on top of its section's options, for a kind whose shipped section
+    lacks it. False (default): the section's."""
     refit_as_shipped: bool = True
     """The prior refitted in every fold uses the curve options its hardware's shipped section was fitted
     with (``prior_fit.section_options``: pooled or per-category vector and bandwidth curves, the batch
@@ -326,11 +330,12 @@ which the shipped one was fitted to the steps under test and no training kind ha
 
 def prior_refit(data_dirs, log, strict: bool = False, transfer: str = "nearest",
                 mode: str = "ceilings", depthwise_law: bool = True, as_shipped: bool = False,
-                slow_conv_law: tuple[str, ...] = ()) -> PriorRefit | None:
+                slow_conv_law: tuple[str, ...] = (), profiler_cost: bool = False) -> PriorRefit | None:
     """``PriorRefit`` for the folders of ``data_dirs`` whose records have per-op profiles, GPU or CPU (None
     when there is none); with ``as_shipped`` each refitted with its shipped section's curve options; a CPU
     kind's dense convolutions of the ``slow_conv_law`` dtypes priced by the additive shape law besides
-    (``Budget.slow_conv_law``)."""
+    (``Budget.slow_conv_law``), and its node seconds less the profiler's cost with ``profiler_cost``
+    (``Budget.profiler_cost``)."""
     from gnn_ptp import descriptor, node_labels, prior
 
     seconds, descriptors, options = {}, {}, {}
@@ -342,7 +347,6 @@ def prior_refit(data_dirs, log, strict: bool = False, transfer: str = "nearest",
             continue
         log(f"{d}: the {desc.name} prior is refitted in every fold to the fold's training configurations "
             "(per-op profiles; the shipped one has seen most families)")
-        seconds[desc.name] = node_labels.node_seconds(d, own)
         section = prior.calibration().get(desc.curves_section()) if as_shipped else None
         if section:
             options[desc.name] = prior_fit.section_options(section)
@@ -353,6 +357,11 @@ def prior_refit(data_dirs, log, strict: bool = False, transfer: str = "nearest",
             options[desc.name]["slow_conv"] = tuple(sorted({*own_law, *slow_conv_law}))
             log(f"{d}: dense convolutions of {', '.join(options[desc.name]['slow_conv'])} priced by the "
                 "additive shape law in every fold")
+        if profiler_cost and desc.kind == "cpu":
+            options.setdefault(desc.name, {})["profiler_cost"] = True
+            log(f"{d}: node seconds less the profiler's cost per recorded op in every fold")
+        seconds[desc.name] = node_labels.node_seconds(
+            d, own, profiler_cost=options.get(desc.name, {}).get("profiler_cost", False))
     return (PriorRefit(seconds, descriptors=descriptors, transfer=transfer, mode=mode, depthwise_law=depthwise_law,
                        options=options)
             if seconds else None)
@@ -521,7 +530,7 @@ def run(protocol: str, data_dirs, config=None, budget: Budget = Budget(), log=No
     measured, samples, repeats = loaded or load(data_dirs, base.model.precision_aware, log, strict,
                                                 node_labels=bool(base.node_weight), label=budget.labels)
     refit = (prior_refit(data_dirs, log, strict, budget.hardware_transfer, budget.transfer_mode, budget.depthwise_law,
-                         budget.refit_as_shipped, budget.slow_conv_law)
+                         budget.refit_as_shipped, budget.slow_conv_law, budget.profiler_cost)
              if budget.refit_prior else None)
     rng = np.random.default_rng(0)
     start = time.perf_counter()

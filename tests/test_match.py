@@ -198,3 +198,46 @@ def test_h200_profiles_never_match_more_than_they_hold():
         for phase in m.total_ms:
             assert m.matched_ms[phase] <= m.total_ms[phase] * (1 + 1e-9), (r["config"]["spec"], phase)
         assert m.matched_share > 0.8, (r["config"]["spec"], m.matched_share)
+
+
+# --- the profiler's own cost on a CPU -------------------------------------------------------------------
+
+
+def _cpu_profile(phase_ms: dict) -> dict:
+    """Synthetic CPU profile (made up here): a forward ``linear`` that runs ``t`` and ``addmm`` under it
+    (2 ms inclusive), a ``relu`` (0.010 ms), and an optimizer ``add_`` (0.004 ms)."""
+    names = ["aten::linear", "aten::t", "aten::addmm", "aten::relu", "aten::add_"]
+    sigs = [[[[4, 8]], ["float"]]]
+    rows = [[0, 0, 0, -1, 1, 0.0, 2000.0, 10.0, 0.0, 0.0],
+            [1, 0, 0, 0, 1, 1.0, 5.0, 5.0, 0.0, 0.0],
+            [2, 0, 0, 0, 1, 7.0, 1985.0, 1985.0, 0.0, 0.0],
+            [3, 0, 0, -1, 1, 2100.0, 10.0, 10.0, 0.0, 0.0],
+            [4, 0, 2, -1, 1, 3000.0, 4.0, 4.0, 0.0, 0.0]]
+    return {"schema": 1, "device": "cpu", "names": names, "sigs": sigs, "columns": COLUMNS, "ops": rows,
+            "phase_ms": phase_ms}
+
+
+def test_profiler_cost_is_the_profiled_phase_over_the_unprofiled_one_per_recorded_op():
+    """``profiles.profiler_cost_us``: (profiled phase ms - the record's unprofiled median) per op recorded in
+    the phase, never below 0; a phase without ops or without a median costs 0; a GPU profile has none."""
+    profile = _cpu_profile({"forward": 2.05, "backward": 0.0, "optimizer": 0.010})
+    timing = {"forward_ms": {"median": 2.02}, "backward_ms": {"median": 0.0}, "optimizer_ms": {"median": 0.012}}
+    cost = profiles.profiler_cost_us(profile, timing)
+    assert cost == pytest.approx((30.0 / 4, 0.0, 0.0))  # 4 forward rows; the optimizer ran faster profiled
+    assert profiles.profiler_cost_us(profile, {}) == (0.0, 0.0, 0.0)
+    assert profiles.profiler_cost_us({**profile, "device": "cuda"}, timing) is None
+    assert profiles.profiler_cost_us({**profile, "phase_ms": {}}, timing) is None
+
+
+def test_a_nodes_time_leaves_out_the_profilers_cost_of_every_op_it_takes():
+    """With ``profiler_us_per_op`` a node's time loses the per-op cost of its phase once for its own op and
+    once for each op under it that it takes (``linear`` takes ``t`` and ``addmm``: three), and keeps at least
+    ``PROFILER_FLOOR`` of its profiled time (the 4 us ``add_`` against a cost of 100 us per op)."""
+    profile = _cpu_profile({"forward": 2.1, "optimizer": 0.01})
+    nodes = [("linear", 0, (4, 8)), ("relu", 0, (4, 8)), ("add", 2, (4, 8))]
+    plain = match.match_profile(None, profile, nodes)
+    assert plain.node_ms == pytest.approx([2.0, 0.010, 0.004])
+    m = match.match_profile(None, profile, nodes, (2.0, 0.0, 100.0))
+    assert m.node_ms == pytest.approx([(2000.0 - 3 * 2.0) / 1e3, (10.0 - 2.0) / 1e3,
+                                       match.PROFILER_FLOOR * 4.0 / 1e3])
+    assert m.total_ms == plain.total_ms  # what the profile holds is unchanged; only the nodes' times move

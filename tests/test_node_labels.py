@@ -338,3 +338,24 @@ def test_the_shipped_residual_config_is_the_node_label_config_over_the_prior():
     meta = json.loads((REPO / "checkpoints" / "cpu" / "meta.json").read_text())
     assert meta["model"]["target"] == "log_ratio_prior" and meta["model"]["hardware_descriptor"]
     assert meta["train"]["node_weight"] == residual.node_weight
+
+
+def test_node_seconds_less_the_profilers_cost_on_a_real_harvest(harvested, labelled):
+    """On the real CPU harvest: the folder's per-op cost is the median of its records' (each >= 0, one per
+    phase), and node seconds with it are each at most the plain ones and at least ``PROFILER_FLOOR`` of them,
+    smaller in sum wherever the cost is positive."""
+    from gnn_ptp import match
+
+    measured = labelled[0]
+    cost = node_labels.profiler_cost_us(harvested)
+    assert cost is not None and len(cost) == 3 and all(c >= 0 for c in cost)
+    plain = node_labels.node_seconds(harvested, measured)
+    less = node_labels.node_seconds(harvested, measured, profiler_cost=True)
+    assert plain.keys() == less.keys() and plain
+    for key in plain:
+        for a, b in zip(plain[key], less[key]):
+            ok = ~torch.isnan(a)
+            assert torch.equal(ok, ~torch.isnan(b))
+            assert (b[ok] <= a[ok] + 1e-12).all() and (b[ok] >= match.PROFILER_FLOOR * a[ok] - 1e-12).all()
+            if max(cost) > 0:
+                assert float(b[ok].sum()) < float(a[ok].sum())

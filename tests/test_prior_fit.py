@@ -447,16 +447,16 @@ def test_section_options_read_how_a_shipped_section_was_fitted():
                                                        "gemm_layouts": False, "layout_curves": False,
                                                        "bounded_layout_curves": False, "layout_levels": False,
                                                        "slow_conv": (), "depthwise_probes": False,
-                                                       "step_weights": False}
+                                                       "step_weights": False, "profiler_cost": False}
     full = {"vector_fraction": {"norm": 0.5}, "memory_fraction": {"copy:fp32": 1.0}, "channel_ramp": {"x": [1, 1]},
             "conv_intensity": "gemm", "gemm_layouts": True, "gemm": {"matmul@tn:bf16": {"size_max": 1e9}},
             "layout_levels": True, "slow_conv": {"forward:bf16": [0.0] * 6, "backward:bf16": [0.0] * 6},
-            "depthwise_probes": True, "step_weights": True}
+            "depthwise_probes": True, "step_weights": True, "profiler_cost": True}
     assert prior_fit.section_options(full) == {"vector_by_category": True, "memory_by_category": True,
                                                "channel_ramp": True, "conv_intensity": "gemm", "gemm_layouts": True,
                                                "layout_curves": True, "bounded_layout_curves": True,
                                                "layout_levels": True, "slow_conv": ("bf16",), "depthwise_probes": True,
-                                               "step_weights": True}
+                                               "step_weights": True, "profiler_cost": True}
     table = prior.calibration()
     assert prior_fit.section_options(table["cpu"])["vector_by_category"]  # per-category since the 19th session
     assert prior_fit.section_options(table["cpu-amd-epyc-family-26-model-2"])["memory_by_category"]
