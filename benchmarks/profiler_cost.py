@@ -21,14 +21,14 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from gnn_ptp import node_labels, profiles  # noqa: E402
+from gnn_ptp import dataset, node_labels, profiles  # noqa: E402
 from gnn_ptp.errors import UserError, run_script  # noqa: E402
 from gnn_ptp.records import iter_records, measurement_problem  # noqa: E402
 
 
 def per_record(data: str) -> list[dict]:
-    """Per profiled single-process record: family and, per phase, (profiled ms, unprofiled median ms,
-    ops recorded)."""
+    """Per profiled single-process record: family, configuration key, its unprofiled step median and, per
+    phase, (profiled ms, unprofiled median ms, ops recorded)."""
     found = profiles.read_profiles(data)
     rows = []
     for r in iter_records(data, warn=lambda _: None, strict=False, check=measurement_problem):
@@ -38,7 +38,8 @@ def per_record(data: str) -> list[dict]:
             continue
         phase_col = p["columns"].index("phase")
         counts = [sum(1 for o in p["ops"] if o[phase_col] == i) for i in range(len(profiles.PHASES))]
-        row = {"family": r.get("family", "?")}
+        row = {"family": r.get("family", "?"), "key": r.get("key"),
+               "step_ms": ((r.get("timing") or {}).get("step_ms") or {}).get("median")}
         for i, name in enumerate(profiles.PHASES):
             profiled = p["phase_ms"].get(name)
             unprofiled = ((r.get("timing") or {}).get(f"{name}_ms") or {}).get("median")
@@ -71,6 +72,13 @@ def main() -> None:
             cells.append(f"{np.median(a[:, 0] / a[:, 1]):6.2f}x {np.median((a[:, 0] - a[:, 1]) * 1e3 / a[:, 2]):7.2f} us "
                          f"[{np.median(a[:, 2]):6.0f}]" if len(a) else f"{'-':>26}")
         print(f"{name:<20}{len(rs):>5}  " + "  ".join(cells))
+    labels = {stat: {m.key: m.ms.get("step_ms") for m in dataset.measured_configs(args.data, label=stat)}
+              for stat in dataset.LABEL_STATS}
+    ratios = {stat: [r["step_ms"] / v[r["key"]] for r in rows if r["step_ms"] and v.get(r["key"])]
+              for stat, v in labels.items()}
+    print("\nthe profiled record's unprofiled step median over its configuration's label (every record of the "
+          "configuration): " + ", ".join(f"{stat} labels median {np.median(v):.3f}" for stat, v in ratios.items()
+                                          if v))
     cost = node_labels.profiler_cost_us(args.data)
     print("\nthe folder's cost per recorded op (node_labels.profiler_cost_us: median of each record's, >= 0): "
           + ", ".join(f"{p} {c:.2f} us" for p, c in zip(profiles.PHASES, cost or ())))
