@@ -206,8 +206,8 @@ def node_seconds(data_dir, measured: list, log=None, profiler_cost: bool = False
     """Per configuration key, one tensor per profile of every node's measured device (GPU) or host (CPU)
     seconds, NaN where the profile matched no op to the node: the raw material of kernel-level fits
     (``prior_fit``). Uses (and fills) the folder's node-label cache for the traced kernels. With
-    ``profiler_cost`` a CPU node's seconds leave out what the profiler added to the ops it took
-    (``profiles.profiler_cost_us`` of its profile against the same record's unprofiled phases)."""
+    ``profiler_cost`` a CPU node's seconds leave out what the profiler adds to each op it took (the
+    folder's ``profiler_cost_us``: one cost per phase for every profile)."""
     from gnn_ptp import match, profiles
 
     load(data_dir, measured, log)

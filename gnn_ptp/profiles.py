@@ -211,10 +211,10 @@ def profiler_cost_us(profile: dict, timing: dict) -> tuple[float, float, float] 
     """Per phase (``PHASES``), the microseconds the profiler added to each op it recorded in a CPU profile:
     the profiled step's phase (``phase_ms``, wall time between the step's marks) less the same record's
     unprofiled phase median (``timing["<phase>_ms"]["median"]``), over the ops recorded in that phase (at
-    least 0). On the first CPU kind the profiled optimizer ran 1.13-1.65x its unprofiled median (~1 us per
-    recorded op), the backward 1.04-1.26x (~2-3 us), the forward 1.02-1.15x (~1.5 us): README *Protocol*,
-    the profiler's cost. None for a GPU profile (its kernels' device time is not the host's) or one
-    without phase times."""
+    least 0). On the first CPU kind the profiled optimizer ran 1.35x its unprofiled median over 399
+    records (~1.2 us per recorded op), the backward 1.11x (~3.6 us), the forward 1.09x (~1.9 us):
+    ``benchmarks/profiler_cost.py``, README *Protocol*, the profiler's cost. None for a GPU profile (its
+    kernels' device time is not the host's) or one without phase times."""
     if profile.get("device") == "cuda" or not profile.get("phase_ms"):
         return None
     phase_col = profile["columns"].index("phase")
