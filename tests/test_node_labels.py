@@ -359,3 +359,20 @@ def test_node_seconds_less_the_profilers_cost_on_a_real_harvest(harvested, label
             assert (b[ok] <= a[ok] + 1e-12).all() and (b[ok] >= match.PROFILER_FLOOR * a[ok] - 1e-12).all()
             if max(cost) > 0:
                 assert float(b[ok].sum()) < float(a[ok].sum())
+
+
+def test_the_protocols_refit_takes_the_profilers_cost_when_asked(harvested, labelled):
+    """``protocol.prior_refit(profiler_cost=True)`` (``evaluate --profiler-cost``): the CPU kind's fold fits
+    read the node seconds less the profiler's cost and carry the option to ``prior_fit.fit``; without it the
+    plain ones."""
+    from gnn_ptp import protocol
+
+    measured = labelled[0]
+    plain = protocol.prior_refit([harvested], lambda m: None)
+    less = protocol.prior_refit([harvested], lambda m: None, profiler_cost=True)
+    (name,) = less.seconds
+    assert less.options[name]["profiler_cost"] is True and not plain.options.get(name, {}).get("profiler_cost")
+    want = node_labels.node_seconds(harvested, measured, profiler_cost=True)
+    for key, tensors in want.items():
+        for a, b in zip(tensors, less.seconds[name][key]):
+            assert torch.equal(torch.nan_to_num(a), torch.nan_to_num(b))
