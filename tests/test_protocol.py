@@ -572,7 +572,9 @@ def test_the_slow_conv_law_joins_a_cpu_kinds_section_options_and_not_a_gpus(monk
     monkeypatch.setattr(descriptor, "for_env", lambda env: SimpleNamespace(
         name=kinds[env["dir"]][0], kind=kinds[env["dir"]][1], curves_section=lambda: kinds[env["dir"]][0]))
     monkeypatch.setattr(node_labels, "profiled_ids", lambda d: [1])
-    monkeypatch.setattr(node_labels, "node_seconds", lambda d, measured: {})
+    asked = {}
+    monkeypatch.setattr(node_labels, "node_seconds", lambda d, measured, profiler_cost=False: asked.update(
+        {d: profiler_cost}) or {})
     monkeypatch.setattr(prior, "calibration", lambda: {"cpu-x": {"slow_conv": {"backward:fp32": [1.0]}},
                                                        "h200": {"channel_ramp": {"batch_norm": [1.0, 1.0]}}})
     said = []
@@ -582,5 +584,10 @@ def test_the_slow_conv_law_joins_a_cpu_kinds_section_options_and_not_a_gpus(monk
     assert any("bf16, fp32 priced by the additive shape law" in line for line in said)
     plain = protocol.prior_refit(["cpu-dir"], said.append, as_shipped=True)
     assert plain.options["cpu-x"]["slow_conv"] == ("fp32",)
+    assert not plain.options["cpu-x"]["profiler_cost"] and asked == {"cpu-dir": False, "gpu-dir": False}
+    # --profiler-cost joins a CPU kind's options (its node seconds are read less the cost), not a GPU's
+    refit = protocol.prior_refit(["cpu-dir", "gpu-dir"], said.append, as_shipped=True, profiler_cost=True)
+    assert refit.options["cpu-x"]["profiler_cost"] and not refit.options["h200"]["profiler_cost"]
+    assert asked == {"cpu-dir": True, "gpu-dir": False}
     with pytest.raises(UserError, match="protocol slow_conv_law dtype 'bf61': allowed: fp32, bf16; did you mean 'bf16'"):
         protocol.Budget(slow_conv_law=("bf61",))
