@@ -23,21 +23,16 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from gnn_ptp import dataset, node_labels, profiles  # noqa: E402
 from gnn_ptp.errors import UserError, run_script  # noqa: E402
-from gnn_ptp.records import iter_records, measurement_problem  # noqa: E402
 
 
 def per_record(data: str) -> list[dict]:
     """Per profiled single-process record: family, configuration key, its unprofiled step median and, per
     phase, (profiled ms, unprofiled median ms, ops recorded)."""
-    found = profiles.read_profiles(data)
     rows = []
-    for r in iter_records(data, warn=lambda _: None, strict=False, check=measurement_problem):
-        p = found.get(r.get("id"))
-        if (r.get("status") != "ok" or p is None or p.get("device") == "cuda" or not p.get("phase_ms")
-                or (r.get("ddp") or {}).get("world_size", 1) != 1):
+    for r, p in node_labels.profiled_records(data):
+        if p.get("device") == "cuda" or not p.get("phase_ms"):
             continue
-        phase_col = p["columns"].index("phase")
-        counts = [sum(1 for o in p["ops"] if o[phase_col] == i) for i in range(len(profiles.PHASES))]
+        counts = profiles.phase_op_counts(p)
         row = {"family": r.get("family", "?"), "key": r.get("key"),
                "step_ms": ((r.get("timing") or {}).get("step_ms") or {}).get("median")}
         for i, name in enumerate(profiles.PHASES):

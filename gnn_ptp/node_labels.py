@@ -227,18 +227,26 @@ def node_seconds(data_dir, measured: list, log=None, profiler_cost: bool = False
     return out
 
 
+def profiled_records(data_dir, found: dict | None = None):
+    """(record, its profile) for every ok single-process record of the folder whose profile is stored.
+    ``found``: ``profiles.read_profiles`` of the folder (read here when not given)."""
+    from gnn_ptp import profiles
+    from gnn_ptp.records import iter_records, measurement_problem
+
+    found = profiles.read_profiles(data_dir) if found is None else found
+    for r in iter_records(data_dir, warn=lambda _: None, strict=False, check=measurement_problem):
+        if r.get("status") == "ok" and r.get("id") in found and (r.get("ddp") or {}).get("world_size", 1) == 1:
+            yield r, found[r["id"]]
+
+
 def profiler_cost_us(data_dir, found: dict | None = None) -> tuple[float, float, float] | None:
     """Per phase, the microseconds the profiler adds to each op it records on the folder's CPU: the median
     over its profiled single-process records of ``profiles.profiler_cost_us`` (each one profiled step
     against its record's unprofiled medians: one step is noisy, the median of hundreds is not). None
     where no record has a CPU profile with phase times. ``found``: ``profiles.read_profiles`` of the folder."""
     from gnn_ptp import profiles
-    from gnn_ptp.records import iter_records, measurement_problem
 
-    found = profiles.read_profiles(data_dir) if found is None else found
-    costs = [profiles.profiler_cost_us(found[r["id"]], r.get("timing"))
-             for r in iter_records(data_dir, warn=lambda _: None, strict=False, check=measurement_problem)
-             if r.get("status") == "ok" and r.get("id") in found and (r.get("ddp") or {}).get("world_size", 1) == 1]
+    costs = [profiles.profiler_cost_us(p, r.get("timing")) for r, p in profiled_records(data_dir, found)]
     costs = [c for c in costs if c is not None]
     return tuple(float(v) for v in np.median(np.array(costs), 0)) if costs else None
 

@@ -207,6 +207,16 @@ class ProfileFile:
                 "schema": PROFILE_SCHEMA}
 
 
+def phase_op_counts(profile: dict) -> list[int]:
+    """Ops the profile recorded in each phase (``PHASES``; ops outside the marked step not counted)."""
+    phase_col = profile["columns"].index("phase")
+    counts = [0] * len(PHASES)
+    for r in profile["ops"]:
+        if 0 <= r[phase_col] < len(PHASES):
+            counts[r[phase_col]] += 1
+    return counts
+
+
 def profiler_cost_us(profile: dict, timing: dict) -> tuple[float, float, float] | None:
     """Per phase (``PHASES``), the microseconds the profiler added to each op it recorded in a CPU profile:
     the profiled step's phase (``phase_ms``, wall time between the step's marks) less the same record's
@@ -217,11 +227,7 @@ def profiler_cost_us(profile: dict, timing: dict) -> tuple[float, float, float] 
     kernels' device time is not the host's) or one without phase times."""
     if profile.get("device") == "cuda" or not profile.get("phase_ms"):
         return None
-    phase_col = profile["columns"].index("phase")
-    counts = [0, 0, 0]
-    for r in profile["ops"]:
-        if 0 <= r[phase_col] < len(PHASES):
-            counts[r[phase_col]] += 1
+    counts = phase_op_counts(profile)
     out = []
     for p, name in enumerate(PHASES):
         profiled = profile["phase_ms"].get(name)
