@@ -673,6 +673,10 @@ def main() -> None:
                          "its record's unprofiled median, per recorded op: node_labels.profiler_cost_us); the "
                          "section says so and the protocol's refits do the same (README *Protocol*, the "
                          "profiler's cost)")
+    ap.add_argument("--depthwise-stride", action="store_true",
+                    help="with --profiles: the depthwise law has the stride among its terms (prior.Profile.depthwise; "
+                         "on the first CPU kind a bf16 depthwise backward of stride 2 runs ~5x one of stride 1 of "
+                         "its shape: README *Protocol*, the depthwise stride); the section's law says so")
     ap.add_argument("--jobs", type=int, default=1,
                     help="with --lofo/--lofo-only: families left out in this many processes at once (each fit "
                          "on one thread; the scores do not depend on it)")
@@ -719,6 +723,7 @@ def main() -> None:
               **({"depthwise_probes": True} if args.depthwise_probes else {}),
               **({"step_weights": True} if args.step_weights else {}),
               **({"profiler_cost": True} if args.profiler_cost else {}),
+              **({"depthwise_stride": True} if args.depthwise_stride else {}),
               **(KERNEL_CLASSES if args.kernel_classes else {})}
         if args.lofo_only:
             _, e = fit_profiles_lofo(args.profiles, score_only=True, jobs=args.jobs, **kw)

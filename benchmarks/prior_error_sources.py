@@ -69,13 +69,16 @@ def decompose(samples: list, node_seconds: dict, profile: prior.Profile) -> list
         hybrid = torch.where(matched, measured, predicted)
         grad_bytes = getattr(s, "grad_bytes", None)
         category = defaultdict(lambda: [0.0, 0.0])
+        depthwise = ~torch.isnan(prior.depthwise_shapes(s.x, s.x_cat)[:, 0])
         for c in s.x_cat[matched, 1].unique().tolist():
             for p in range(3):
                 m = matched & (s.x_cat[:, 1] == c) & (s.phase == p)
-                if bool(m.any()):
-                    cell = category[f"{ops.CATEGORIES[c]}/{PHASES[p][0]}"]
-                    cell[0] += float(measured[m].sum())
-                    cell[1] += float(predicted[m].sum())
+                # depthwise-like convolutions apart from the dense ones (their own law, prior.depthwise_shapes)
+                for name, pick in ((ops.CATEGORIES[c], m & ~depthwise), ("dwconv", m & depthwise)):
+                    if bool(pick.any()):
+                        cell = category[f"{name}/{PHASES[p][0]}"]
+                        cell[0] += float(measured[pick].sum())
+                        cell[1] += float(predicted[pick].sum())
         rows.append({"family": s.family, "precision": s.precision,
                      "prior": prior.graph_phase_ms(predicted, s.phase, profile, grad_bytes).numpy(),
                      "kernels": prior.graph_phase_ms(hybrid, s.phase, profile, grad_bytes).numpy(),
@@ -88,7 +91,10 @@ def _ape(pred: np.ndarray, true: np.ndarray) -> float:
     return float(np.mean(np.abs(pred / true - 1)) * 100)
 
 
-def print_tables(rows: list[dict]) -> None:
+def print_tables(rows: list[dict], top: int = 3) -> None:
+    """Per family (and all): step and per-phase MAPE of the prior and of the measured kernels, the kernels'
+    share of the step, and the ``top`` kernel categories by measured time (share of the step, prior /
+    measured); per precision class the median predicted / measured of each phase."""
     groups = defaultdict(list)
     for r in rows:
         groups[r["family"]].append(r)
@@ -110,8 +116,8 @@ def print_tables(rows: list[dict]) -> None:
                 for c, (m, p) in r["category"].items():
                     cats[c][0] += m
                     cats[c][1] += p
-            top = sorted(cats.items(), key=lambda kv: -kv[1][0])[:3]
-            line += "  " + ", ".join(f"{c} {m / total * 100:.0f}% x{p / m:.2f}" for c, (m, p) in top)
+            most = sorted(cats.items(), key=lambda kv: -kv[1][0])[:top]
+            line += "  " + ", ".join(f"{c} {m / total * 100:.0f}% x{p / m:.2f}" for c, (m, p) in most)
         print(line)
     print("\nmedian predicted / measured per phase (forward, backward, optimizer), by precision class:")
     by_precision = defaultdict(list)
@@ -204,6 +210,35 @@ def size_fold(data: str, seed: int, labels: str = "mean") -> None:
                     print(f"  {label:<5} {category:<6} {dtype:<5} " + ", ".join(cells))
 
 
+def lofo_fold(data: str, family: str, labels: str = "mean", profiler_cost: bool = False) -> None:
+    """The leave-one-family-out fold of ``family`` on ``data`` as the protocol's prior sees it
+    (``evaluate --protocol lofo``): the kind's prior refitted to every other family's steps with its shipped
+    section's options (and the profiler's cost off the kernels with ``profiler_cost``), then ``family``'s
+    steps decomposed (``print_tables``) with every kernel category of at least 1 % of its steps."""
+    from gnn_ptp import protocol
+
+    quiet = lambda _: None  # noqa: E731
+    _, samples, _ = protocol.load([data], True, quiet, label=labels)
+    if family not in {s.family for s in samples}:
+        raise SystemExit(f"--lofo-fold {family!r}: not a family of {data} "
+                         f"(it has {', '.join(sorted({s.family for s in samples}))})")
+    refit = protocol.prior_refit([data], quiet, as_shipped=True, profiler_cost=profiler_cost)
+    if refit is None:
+        raise SystemExit(f"{data}: no per-op profiles, nothing to decompose")
+    name = samples[0].hardware_name
+    fit_on = [s for s in samples if s.family != family]
+    test = [s for s in samples if s.family == family]
+    profile = refit.fit(name, fit_on)
+    print(f"{data}: {family} left out ({labels} labels{', profiler cost off the kernels' if profiler_cost else ''}): "
+          f"the prior refitted to {len(fit_on)} steps of the other families, {len(test)} test steps")
+    if profile.host_issue_s:
+        print("host cost per issued kernel + per phase: " + ", ".join(
+            f"{p} {k * 1e6:.1f} us + {f * 1e6:.0f} us"
+            for p, k, f in zip(PHASES, profile.host_issue_s, profile.host_fixed_s or (0.0,) * 3)))
+    print()
+    print_tables(decompose(test, refit.seconds[name], profile), top=40)
+
+
 def kind_profile(data, hw) -> prior.Profile:
     """The prior of the hardware kind ``data``'s records were measured on: a CPU kind's own section (its
     descriptor's, e.g. ``cpu-amd-epyc-family-26-model-2``), not the reference CPU's that the ``cpu``
@@ -224,8 +259,16 @@ def main() -> None:
     ap.add_argument("--size-fold", type=int, metavar="SEED",
                     help="decompose the size protocol's fold of this seed (the prior refitted to its training half)")
     ap.add_argument("--labels", default=dataset.LABEL_STATS[0], choices=dataset.LABEL_STATS,
-                    help="with --size-fold: how repeated configurations are labelled (evaluate --labels)")
+                    help="with --size-fold or --lofo-fold: how repeated configurations are labelled (evaluate --labels)")
+    ap.add_argument("--lofo-fold", metavar="FAMILY",
+                    help="decompose the protocol's leave-one-family-out fold of this family (the prior refitted "
+                         "to every other family)")
+    ap.add_argument("--profiler-cost", action="store_true",
+                    help="with --lofo-fold: the refit's node seconds less the profiler's cost (evaluate --profiler-cost)")
     args = ap.parse_args()
+    if args.lofo_fold is not None:
+        lofo_fold(args.data, args.lofo_fold, args.labels, args.profiler_cost)
+        return
     if args.size_fold is not None:
         size_fold(args.data, args.size_fold, args.labels)
         return

@@ -180,7 +180,10 @@ class Profile:
     """Where fitted so (``prior_fit.fit_device(depthwise=True)``), per "forward:<dtype>" and
     "backward:<dtype>", a depthwise-like convolution's time (``depthwise_shapes``) as a power law in its
     shape rather than its FLOPs: ``exp(c0) * batch^a * channels^b * (height x width)^c * taps^d`` seconds,
-    the coefficients (c0, a, b, c, d) (``depthwise_law_seconds``). On the CPU kinds here oneDNN's
+    the coefficients (c0, a, b, c, d) (``depthwise_law_seconds``); fitted with the stride too
+    (``prior_fit.fit_depthwise(stride=True)``), ``* stride^e`` besides, (c0, a, b, c, d, e): on the first
+    CPU kind a bf16 depthwise backward of stride 2 runs ~5x the time of one of stride 1 of its shape
+    (README *Protocol*, "The depthwise stride"). On the CPU kinds here oneDNN's
     depthwise backward runs at no one rate per FLOP: at equal FLOPs ConvNeXt's 7x7 ones take 4-10x the
     random CNNs' 3x3 ones, and the time grows as batch^0.6-0.74 x channels^0.46-0.68 x space^0.12-0.38
     x taps^0.8-1.03 on all three kinds (README, *The CPU prior*). Other nodes, and a (direction, dtype)
@@ -352,13 +355,19 @@ kernel, four of a 3x3) is depthwise-like (``depthwise_shapes``); RegNet's group 
 per group, depth 144) are not."""
 
 
+DEPTHWISE_SHAPE = ("batch", "channels", "pixels", "taps", "stride")
+"""The columns of ``depthwise_shapes``: a law of ``len(c) - 1`` exponents reads the first that many."""
+
+
 def depthwise_shapes(x: torch.Tensor, x_cat: torch.Tensor) -> torch.Tensor:
-    """Per node (float64 [N, 4]) the shape a depthwise-like convolution's time follows (``Profile.depthwise``):
-    batch, channels, spatial size (height x width) of its input, and its reduction depth (kernel taps per
-    output: 9 for a 3x3 depthwise one); NaN for every other node (not a grouped convolution of depth at most
-    ``DEPTHWISE_MAX_DEPTH``, or not a 2-d one). The input is the forward node's input, the fused backward
-    node's first output (the input's gradient); the depth as ``grouped_conv`` reads it."""
-    out = torch.full((x.shape[0], 4), float("nan"), dtype=torch.float64)
+    """Per node (float64 [N, 5], ``DEPTHWISE_SHAPE``) the shape a depthwise-like convolution's time follows
+    (``Profile.depthwise``): batch, channels, spatial size (height x width) of its input, its reduction depth
+    (kernel taps per output: 9 for a 3x3 depthwise one) and its stride (the input's height over the
+    output's, rounded: 1 or 2 in the models here); NaN for every other node (not a grouped convolution of
+    depth at most ``DEPTHWISE_MAX_DEPTH``, or not a 2-d one). The input is the forward node's input, the
+    fused backward node's first output (the input's gradient), the output the forward's output, the
+    backward's incoming gradient; the depth as ``grouped_conv`` reads it."""
+    out = torch.full((x.shape[0], len(DEPTHWISE_SHAPE)), float("nan"), dtype=torch.float64)
     grouped = grouped_conv(x, x_cat)
     if not bool(grouped.any()):
         return out
@@ -368,8 +377,10 @@ def depthwise_shapes(x: torch.Tensor, x_cat: torch.Tensor) -> torch.Tensor:
     depth = torch.round(torch.where(backward, flops / (4.0 * in_dims.clamp_min(1).prod(1)),
                                     flops / (2.0 * out_dims.clamp_min(1).prod(1))))  # an integer: taps
     shape = torch.where(backward.unsqueeze(1), out_dims, in_dims)
+    result = torch.where(backward.unsqueeze(1), in_dims, out_dims)  # the output (its gradient, backward)
+    stride = torch.round(shape[:, 2] / result[:, 2].clamp_min(1)).clamp_min(1)
     keep = (shape > 0).all(1) & (depth <= DEPTHWISE_MAX_DEPTH) & (depth >= 1)
-    feats = torch.stack([shape[:, 0], shape[:, 1], shape[:, 2] * shape[:, 3], depth], 1)
+    feats = torch.stack([shape[:, 0], shape[:, 1], shape[:, 2] * shape[:, 3], depth, stride], 1)
     feats[~keep] = float("nan")
     out[grouped] = feats
     return out
@@ -748,11 +759,12 @@ def gemm_layouts_only(layout: torch.Tensor) -> torch.Tensor:
 def depthwise_law_seconds(shapes: torch.Tensor, backward: torch.Tensor, dtypes: list[str],
                           law: dict[str, tuple[float, ...]]) -> torch.Tensor:
     """Per node (float64 [N]) its time by a depthwise law (``Profile.depthwise``) from its shape
-    (``depthwise_shapes``), NaN where it has no shape or its (direction, dtype) no law."""
+    (``depthwise_shapes``: a law of k exponents reads its first k columns, so one fitted without the stride
+    reads the first four), NaN where it has no shape or its (direction, dtype) no law."""
     out = torch.full((shapes.shape[0],), float("nan"), dtype=torch.float64)
     logs = torch.log(shapes.clamp_min(1.0))
     for rows, c in _law_rows(law, ~torch.isnan(shapes[:, 0]), backward, dtypes):
-        out[rows] = torch.exp(c[0] + logs[rows] @ torch.tensor(c[1:], dtype=torch.float64))
+        out[rows] = torch.exp(c[0] + logs[rows][:, :len(c) - 1] @ torch.tensor(c[1:], dtype=torch.float64))
     return out
 
 

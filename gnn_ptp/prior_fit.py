@@ -71,7 +71,7 @@ class KernelRows:
     grouped: torch.Tensor | None = None
     """Per row, whether the kernel is a grouped convolution (``prior.grouped_conv``; None: unknown, none)."""
     depthwise: torch.Tensor | None = None
-    """Per row, a depthwise-like convolution's shape ([R, 4], ``prior.depthwise_shapes``; NaN for other
+    """Per row, a depthwise-like convolution's shape ([R, 5], ``prior.depthwise_shapes``; NaN for other
     rows; None: unknown, none)."""
     conv_gemm: torch.Tensor | None = None
     """Per row, a dense convolution's implicit-GEMM intensity (``prior.conv_gemm_intensity``; NaN for other
@@ -415,7 +415,7 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
                gemm_layouts: bool = False, layout_curves: bool = False,
                bounded_layout_curves: bool = False, layout_levels: bool = False,
                slow_conv: tuple[str, ...] = (), depthwise_probes: bool = False,
-               step_weights: bool = False) -> dict:
+               step_weights: bool = False, depthwise_stride: bool = False) -> dict:
     """Curves (``prior.Curve`` dicts) for GEMM-like kernels per category and dtype (``by_category``; else per
     dtype), other compute ("vector"), memory traffic, and the device floor in seconds, fitted to ``rows``.
     With ``intensity`` the compute curves also ramp with arithmetic intensity; with ``vector_by_category``
@@ -440,7 +440,8 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
     and dense-fast group convolutions priced by curves fitted to large depthwise ones), so it is off by
     default (README, *The CPU prior*). With ``depthwise`` each (direction, dtype) with at least
     ``MIN_GROUP_ROWS`` depthwise-like convolutions (``prior.depthwise_shapes``) gets a power law in their
-    shape (``fit_depthwise``, ``prior.Profile.depthwise``) and the curves are fitted to the other rows.
+    shape (``fit_depthwise``, ``prior.Profile.depthwise``) and the curves are fitted to the other rows;
+    with ``depthwise_stride`` too, the law has the stride among its terms.
     ``conv_intensity="gemm"`` ramps a dense convolution's curve with its implicit GEMM's intensity
     (``prior.Profile.conv_intensity``). With ``channel_ramp`` each batch-norm op (forward, backward) gets a
     ramp in its channels (``prior.Profile.channel_ramp``) fitted with the curves. ``optimizer_memory`` gives
@@ -473,7 +474,8 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
     fit_fresh = bool(fresh) and fresh.get("s_per_byte") is None
     probed = depthwise_probes and bool(hw.depthwise_probe_s)
     rows = unprobed(rows, hw) if probed else rows
-    law, rows = _depthwise_apart(rows, None if fit_fresh else fresh) if depthwise else ({}, rows)
+    law, rows = (_depthwise_apart(rows, None if fit_fresh else fresh, depthwise_stride) if depthwise
+                 else ({}, rows))
     if streaming is None:
         streaming = STREAMING if memory_by_category and hw.kind != "cpu" else ()
     groups = _groups(rows, by_category, vector_by_category, backward_curves, grouped_conv, tuple(own_vector),
@@ -588,17 +590,19 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
     return out
 
 
-def fit_depthwise(rows: KernelRows, fresh: dict | None = None) -> tuple[dict, torch.Tensor]:
+def fit_depthwise(rows: KernelRows, fresh: dict | None = None, stride: bool = False) -> tuple[dict, torch.Tensor]:
     """A power law in the shape of the depthwise-like convolutions of ``rows`` (``prior.Profile.depthwise``),
     per direction and dtype with at least ``MIN_GROUP_ROWS`` of them: log time (less a measured
     fresh-allocation cost, which the prior adds back; at least a tenth of the time left) by ordinary least
-    squares on the logs of batch, channels, spatial size and taps, its constant raised by the log of the
-    mean of exp(residual), so that the rows' summed time is priced without the geometric mean's low bias.
-    Returns the laws ({"backward:bf16": [c0, a, b, c, d]}) and which rows they price (bool [R])."""
+    squares on the logs of batch, channels, spatial size and taps (and the stride, with ``stride``), its
+    constant raised by the log of the mean of exp(residual), so that the rows' summed time is priced without
+    the geometric mean's low bias. Returns the laws ({"backward:bf16": [c0, a, b, c, d]}, ``e`` appended
+    for the stride) and which rows they price (bool [R])."""
     on_law = torch.zeros(len(rows), dtype=torch.bool)
     if rows.depthwise is None:
         return {}, on_law
     has = ~torch.isnan(rows.depthwise[:, 0])
+    columns = prior.DEPTHWISE_SHAPE.index("stride") + (1 if stride else 0)
     faults = None if not fresh else prior.fresh_seconds(rows.fresh, fresh["threshold_bytes"], fresh["s_per_byte"])
     target = rows.seconds if faults is None else torch.maximum(rows.seconds - faults, 0.1 * rows.seconds)
     backward = rows.backward_mask()
@@ -610,7 +614,7 @@ def fit_depthwise(rows: KernelRows, fresh: dict | None = None) -> tuple[dict, to
             if int(m.sum()) < MIN_GROUP_ROWS:
                 continue
             X = torch.cat([torch.ones(int(m.sum()), 1, dtype=torch.float64),
-                           torch.log(rows.depthwise[m].clamp_min(1.0))], 1).numpy()
+                           torch.log(rows.depthwise[m][:, :columns].clamp_min(1.0))], 1).numpy()
             y = torch.log(target[m]).numpy()
             coef = np.linalg.lstsq(X, y, rcond=None)[0]
             coef[0] += math.log(float(np.mean(np.exp(y - X @ coef))))
@@ -678,9 +682,9 @@ def fit_slow_conv(rows: KernelRows, dtypes: tuple[str, ...], fresh: dict | None 
     return law
 
 
-def _depthwise_apart(rows: KernelRows, fresh: dict | None) -> tuple[dict, KernelRows]:
+def _depthwise_apart(rows: KernelRows, fresh: dict | None, stride: bool = False) -> tuple[dict, KernelRows]:
     """``fit_depthwise``'s laws and the rows they do not price (the ones the curves are fitted to)."""
-    law, on_law = fit_depthwise(rows, fresh)
+    law, on_law = fit_depthwise(rows, fresh, stride)
     return law, (take(rows, ~on_law) if law else rows)
 
 
@@ -916,7 +920,9 @@ def fit(samples: list, node_seconds: dict, hw: Hardware, max_rows: int | None = 
     rows = kernel_rows(samples, node_seconds)
     rows = unprobed(rows, hw) if device_kw.get("depthwise_probes") else rows  # before the law is fitted
     slow = fit_slow_conv(rows, tuple(device_kw.pop("slow_conv", ())), device_kw.get("fresh"))
-    law, rows = _depthwise_apart(rows, device_kw.get("fresh")) if device_kw.pop("depthwise", False) else ({}, rows)
+    stride = device_kw.pop("depthwise_stride", False)
+    law, rows = (_depthwise_apart(rows, device_kw.get("fresh"), stride) if device_kw.pop("depthwise", False)
+                 else ({}, rows))
     if max_rows:
         rows = subsample(rows, max_rows)
     fitted = fit_device(rows, hw, **device_kw)
@@ -934,8 +940,9 @@ def section_options(section: dict) -> dict:
     """``fit_device``'s curve options a shipped calibration section (``prior_calibration.json``) was fitted
     with, read from what it carries: per-category vector fractions and bandwidth curves only where it has
     them (the AMD CPU kinds ship pooled ones: ``calibrate_prior.py --pooled-vector --pooled-memory``), the
-    batch norms' channel ramp and a convolution intensity where it has them. The depthwise law and a CPU's
-    fresh-allocation cost are the caller's (``protocol.PriorRefit``)."""
+    batch norms' channel ramp and a convolution intensity where it has them, the stride in its depthwise
+    law where the law has that term. Whether there is a depthwise law at all and a CPU's fresh-allocation
+    cost are the caller's (``protocol.PriorRefit``)."""
     return {"vector_by_category": bool(section.get("vector_fraction")),
             "memory_by_category": bool(section.get("memory_fraction")),
             "channel_ramp": bool(section.get("channel_ramp")),
@@ -948,7 +955,9 @@ def section_options(section: dict) -> dict:
             "slow_conv": tuple(sorted({k.split(":")[1] for k in section.get("slow_conv", {})})),
             "depthwise_probes": bool(section.get("depthwise_probes")),
             "step_weights": bool(section.get("step_weights")),
-            "profiler_cost": bool(section.get("profiler_cost"))}
+            "profiler_cost": bool(section.get("profiler_cost")),
+            "depthwise_stride": any(len(c) > prior.DEPTHWISE_SHAPE.index("stride") + 1
+                                    for c in section.get("depthwise", {}).values())}
 
 
 MAX_ROWS = 80_000

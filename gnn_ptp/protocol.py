@@ -110,6 +110,10 @@ class Budget:
     """A CPU kind's prior refitted in every fold reads node seconds less the profiler's cost per recorded op
     (``node_labels.profiler_cost_us``) on top of its section's options, for a kind whose shipped section
     lacks it. False (default): the section's."""
+    depthwise_stride: bool = False
+    """A CPU kind's prior refitted in every fold has the stride among its depthwise law's terms
+    (``prior_fit.fit_depthwise(stride=True)``) on top of its section's options, for a kind whose shipped
+    section's law lacks it. False (default): the section's."""
     refit_as_shipped: bool = True
     """The prior refitted in every fold uses the curve options its hardware's shipped section was fitted
     with (``prior_fit.section_options``: pooled or per-category vector and bandwidth curves, the batch
@@ -330,12 +334,14 @@ which the shipped one was fitted to the steps under test and no training kind ha
 
 def prior_refit(data_dirs, log, strict: bool = False, transfer: str = "nearest",
                 mode: str = "ceilings", depthwise_law: bool = True, as_shipped: bool = False,
-                slow_conv_law: tuple[str, ...] = (), profiler_cost: bool = False) -> PriorRefit | None:
+                slow_conv_law: tuple[str, ...] = (), profiler_cost: bool = False,
+                depthwise_stride: bool = False) -> PriorRefit | None:
     """``PriorRefit`` for the folders of ``data_dirs`` whose records have per-op profiles, GPU or CPU (None
     when there is none); with ``as_shipped`` each refitted with its shipped section's curve options; a CPU
     kind's dense convolutions of the ``slow_conv_law`` dtypes priced by the additive shape law besides
-    (``Budget.slow_conv_law``), and its node seconds less the profiler's cost with ``profiler_cost``
-    (``Budget.profiler_cost``)."""
+    (``Budget.slow_conv_law``), its node seconds less the profiler's cost with ``profiler_cost``
+    (``Budget.profiler_cost``) and the stride in its depthwise law with ``depthwise_stride``
+    (``Budget.depthwise_stride``)."""
     from gnn_ptp import descriptor, node_labels, prior
 
     seconds, descriptors, options = {}, {}, {}
@@ -360,6 +366,9 @@ def prior_refit(data_dirs, log, strict: bool = False, transfer: str = "nearest",
         if profiler_cost and desc.kind == "cpu":
             options.setdefault(desc.name, {})["profiler_cost"] = True
             log(f"{d}: node seconds less the profiler's cost per recorded op in every fold")
+        if depthwise_stride and desc.kind == "cpu":
+            options.setdefault(desc.name, {})["depthwise_stride"] = True
+            log(f"{d}: the depthwise law has the stride among its terms in every fold")
         seconds[desc.name] = node_labels.node_seconds(
             d, own, profiler_cost=options.get(desc.name, {}).get("profiler_cost", False))
     return (PriorRefit(seconds, descriptors=descriptors, transfer=transfer, mode=mode, depthwise_law=depthwise_law,
@@ -530,7 +539,8 @@ def run(protocol: str, data_dirs, config=None, budget: Budget = Budget(), log=No
     measured, samples, repeats = loaded or load(data_dirs, base.model.precision_aware, log, strict,
                                                 node_labels=bool(base.node_weight), label=budget.labels)
     refit = (prior_refit(data_dirs, log, strict, budget.hardware_transfer, budget.transfer_mode, budget.depthwise_law,
-                         budget.refit_as_shipped, budget.slow_conv_law, budget.profiler_cost)
+                         budget.refit_as_shipped, budget.slow_conv_law, budget.profiler_cost,
+                         budget.depthwise_stride)
              if budget.refit_prior else None)
     rng = np.random.default_rng(0)
     start = time.perf_counter()

@@ -30,11 +30,12 @@ def mlp2_three(batch_size, seq_len, image_size, in_features=24, hidden=40, out_f
 
 
 def conv2(batch_size, seq_len, image_size, cin=3, c1=16, c2=24, k=3, stride=1, padding=1, groups=1,
-          channels_last=0):
-    """Conv2d -> ReLU -> Conv2d, no bias, sum-of-squares loss; with ``channels_last`` the model and its input
-    in torch.channels_last memory format (what GPU training under AMP is advised to use)."""
+          channels_last=0, stride2=1):
+    """Conv2d -> ReLU -> Conv2d, no bias, sum-of-squares loss (``stride`` the first convolution's, ``stride2``
+    the second's); with ``channels_last`` the model and its input in torch.channels_last memory format (what
+    GPU training under AMP is advised to use)."""
     model = nn.Sequential(nn.Conv2d(cin, c1, k, stride, padding, bias=False), nn.ReLU(),
-                          nn.Conv2d(c1, c2, k, 1, padding, groups=groups, bias=False))
+                          nn.Conv2d(c1, c2, k, stride2, padding, groups=groups, bias=False))
     size = image_size or 16
     x = torch.randn(batch_size, cin, size, size)
     if channels_last:

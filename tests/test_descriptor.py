@@ -370,7 +370,7 @@ def test_a_depthwise_law_moves_by_the_non_gemm_ratio_or_is_split_like_any_kernel
     x[:, 8:12] = torch.log2(1 + torch.tensor([8.0, 64, 56, 56]))  # the input, [N, C, H, W]
     x[:, 4:8] = x[:, 8:12]  # a stride-1 depthwise 3x3: the output as the input
     shapes = prior.depthwise_shapes(x, x_cat)
-    assert shapes[0].tolist() == [8.0, 64.0, 56.0 * 56.0, 9.0]
+    assert shapes[0].tolist() == [8.0, 64.0, 56.0 * 56.0, 9.0, 1.0]
     at_home = prior.depthwise_law_seconds(shapes, torch.tensor([False]), ["fp32"], law)
     torch.testing.assert_close(prior.node_seconds(x, x_cat, profile), at_home)
     moved = descriptor.transfer(profile, home, slow, mode="ceilings")

@@ -447,16 +447,21 @@ def test_section_options_read_how_a_shipped_section_was_fitted():
                                                        "gemm_layouts": False, "layout_curves": False,
                                                        "bounded_layout_curves": False, "layout_levels": False,
                                                        "slow_conv": (), "depthwise_probes": False,
-                                                       "step_weights": False, "profiler_cost": False}
+                                                       "step_weights": False, "profiler_cost": False,
+                                                       "depthwise_stride": False}
+    # a depthwise law of five coefficients (no stride term) is not a stride law
+    assert not prior_fit.section_options({"gemm": {}, "depthwise": {"backward:bf16": [0.0] * 5}})["depthwise_stride"]
     full = {"vector_fraction": {"norm": 0.5}, "memory_fraction": {"copy:fp32": 1.0}, "channel_ramp": {"x": [1, 1]},
             "conv_intensity": "gemm", "gemm_layouts": True, "gemm": {"matmul@tn:bf16": {"size_max": 1e9}},
             "layout_levels": True, "slow_conv": {"forward:bf16": [0.0] * 6, "backward:bf16": [0.0] * 6},
-            "depthwise_probes": True, "step_weights": True, "profiler_cost": True}
+            "depthwise_probes": True, "step_weights": True, "profiler_cost": True,
+            "depthwise": {"forward:bf16": [0.0] * 5, "backward:bf16": [0.0] * 6}}
     assert prior_fit.section_options(full) == {"vector_by_category": True, "memory_by_category": True,
                                                "channel_ramp": True, "conv_intensity": "gemm", "gemm_layouts": True,
                                                "layout_curves": True, "bounded_layout_curves": True,
                                                "layout_levels": True, "slow_conv": ("bf16",), "depthwise_probes": True,
-                                               "step_weights": True, "profiler_cost": True}
+                                               "step_weights": True, "profiler_cost": True,
+                                               "depthwise_stride": True}
     table = prior.calibration()
     assert prior_fit.section_options(table["cpu"])["vector_by_category"]  # per-category since the 19th session
     assert prior_fit.section_options(table["cpu-amd-epyc-family-26-model-2"])["memory_by_category"]
@@ -811,11 +816,13 @@ def test_grouped_convolutions_get_their_own_forward_and_backward_curves():
 
 
 def _depthwise_shapes(n: int, g: torch.Generator, batch, channels, side) -> torch.Tensor:
-    """SYNTHETIC depthwise shapes [n, 4] (``prior.depthwise_shapes``' columns): batch, channels and image side
-    drawn uniformly from the half-open ranges given, pixels = side ** 2, taps of 3x3, 5x5 or 7x7 kernels."""
+    """SYNTHETIC depthwise shapes [n, 5] (``prior.depthwise_shapes``' columns): batch, channels and image side
+    drawn uniformly from the half-open ranges given, pixels = side ** 2, taps of 3x3, 5x5 or 7x7 kernels,
+    stride 1 or 2."""
     return torch.stack([torch.randint(*batch, (n,), generator=g), torch.randint(*channels, (n,), generator=g),
                         torch.randint(*side, (n,), generator=g) ** 2,
-                        torch.tensor([9, 25, 49])[torch.randint(0, 3, (n,), generator=g)]], 1).double()
+                        torch.tensor([9, 25, 49])[torch.randint(0, 3, (n,), generator=g)],
+                        torch.randint(1, 3, (n,), generator=g)], 1).double()
 
 
 def test_depthwise_convolutions_get_a_power_law_in_their_shape():
@@ -865,13 +872,61 @@ def test_depthwise_convolutions_get_a_power_law_in_their_shape():
     conv = torch.nonzero(x_cat[:, 1] == ops.CATEGORIES.index("conv")).flatten()
     read = prior.depthwise_shapes(x, x_cat)[conv]
     assert torch.isnan(read[[0, 3]]).all()  # the dense first convolution, forward and backward
-    assert read[1].tolist() == read[2].tolist() == [4.0, 16.0, 48.0 * 48.0, 9.0]  # batch, channels, H x W, taps
+    assert read[1].tolist() == read[2].tolist() == [4.0, 16.0, 48.0 * 48.0, 9.0, 1.0]  # batch, channels, H x W, taps, stride
     with_law, without = prior.node_seconds(x, x_cat, own)[conv], prior.node_seconds(x, x_cat, replace(own, depthwise={}))
     expected = prior.depthwise_law_seconds(read[1:3], x_cat[conv[1:3], 3] == prior.BACKWARD_PHASE, ["fp32"] * 2,
                                            fitted_law)
     torch.testing.assert_close(with_law[1:3], expected.clamp_min(own.launch_floor_s))
     torch.testing.assert_close(with_law[[0, 3]], without[conv][[0, 3]])
     assert not torch.allclose(with_law[1:3], without[conv][1:3])
+
+
+def test_a_depthwise_law_with_the_stride_finds_the_strided_kernels_slow_path():
+    """SYNTHETIC depthwise backward kernels whose stride-2 ones take 5x the time of a stride-1 one of their
+    shape (as a bf16 depthwise backward does on the first CPU kind): ``fit_depthwise(stride=True)`` recovers
+    the stride's exponent (log2 5) and prices both strides within the noise, while the law without the
+    stride (five coefficients, the shipped form) prices the stride-1 kernels too slow and the stride-2 ones
+    too fast; ``prior.depthwise_law_seconds`` reads the stride column only for a law that has its term, and
+    ``prior.depthwise_shapes`` reads a traced stride-2 depthwise convolution's stride from its features, in
+    its forward and its backward."""
+    import math
+
+    g = torch.Generator().manual_seed(5)
+    n = 3000
+    shapes = _depthwise_shapes(n, g, batch=(1, 33), channels=(16, 769), side=(4, 65))
+    backward = torch.ones(n, dtype=torch.bool)
+    law = {"backward:bf16": [-14.0, 0.7, 0.55, 0.3, 0.9, math.log2(5.0)]}
+    truth = prior.depthwise_law_seconds(shapes, backward, ["bf16"] * n, law)
+    assert float((truth / prior.depthwise_law_seconds(shapes, backward, ["bf16"] * n,
+                                                      {"backward:bf16": law["backward:bf16"][:5]}))
+                 [shapes[:, 4] == 2].mean()) == pytest.approx(5.0)
+    seconds = truth * torch.exp(0.2 * torch.randn(n, generator=g, dtype=torch.float64))
+    flops = 4.0 * shapes[:, :4].prod(1)
+    rows = prior_fit.KernelRows(flops, flops / 20, ["bf16"] * n, torch.ones(n, dtype=torch.bool),
+                                torch.zeros(n, dtype=torch.bool), ["conv"] * n, ["synthetic"] * n, seconds,
+                                None, backward, None, torch.ones(n, dtype=torch.bool), shapes)
+    with_stride, _ = prior_fit.fit_depthwise(rows, stride=True)
+    without, _ = prior_fit.fit_depthwise(rows)
+    assert len(with_stride["backward:bf16"]) == 6 and len(without["backward:bf16"]) == 5
+    assert with_stride["backward:bf16"][5] == pytest.approx(math.log2(5.0), abs=0.05)
+    for stride in (1, 2):
+        m = shapes[:, 4] == stride
+        ratio = {name: float(prior.depthwise_law_seconds(shapes[m], backward[m], ["bf16"] * int(m.sum()), fitted).sum()
+                             / seconds[m].sum()) for name, fitted in (("with", with_stride), ("without", without))}
+        assert ratio["with"] == pytest.approx(1.0, abs=0.05)
+        assert (ratio["without"] > 1.3) if stride == 1 else (ratio["without"] < 0.8)
+
+    from conftest import py_spec
+    from gnn_ptp import graph
+    from gnn_ptp.spec import Shape
+    from gnn_ptp.trace import StepConfig, trace_step
+
+    traced = trace_step(StepConfig(py_spec("conv2", c1=16, c2=16, groups=16, stride2=2), Shape(4, None, 48), "fp32"))
+    tensors, _ = graph.to_tensors(traced)
+    read = prior.depthwise_shapes(tensors["x"], tensors["x_cat"])
+    depthwise = read[~torch.isnan(read[:, 0])]
+    assert depthwise.shape[0] == 2  # its forward and its backward
+    assert depthwise.tolist() == [[4.0, 16.0, 48.0 * 48.0, 9.0, 2.0]] * 2
 
 
 def _synthetic_probes(law: dict, layout: str = "channels_last") -> tuple:
