@@ -50,6 +50,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from gnn_ptp import dataset, ops, prior, prior_fit  # noqa: E402
+from gnn_ptp.errors import UserError, run_script  # noqa: E402
 
 PHASES = ("forward", "backward", "optimizer")
 
@@ -217,11 +218,11 @@ def lofo_fold(data: str, family: str, labels: str = "mean", profiler_cost: bool 
     steps decomposed (``print_tables``) with every kernel category of at least 1 % of its steps."""
     from gnn_ptp import protocol
 
+    families = sorted({m.family for m in dataset.measured_configs(data)})
+    if family not in families:  # from the records alone, before any graph is traced
+        raise UserError(f"--lofo-fold {family}: not a family of {data}; allowed: {', '.join(families) or 'none'}")
     quiet = lambda _: None  # noqa: E731
     _, samples, _ = protocol.load([data], True, quiet, label=labels)
-    if family not in {s.family for s in samples}:
-        raise SystemExit(f"--lofo-fold {family!r}: not a family of {data} "
-                         f"(it has {', '.join(sorted({s.family for s in samples}))})")
     refit = protocol.prior_refit([data], quiet, as_shipped=True, profiler_cost=profiler_cost)
     if refit is None:
         raise SystemExit(f"{data}: no per-op profiles, nothing to decompose")
@@ -284,4 +285,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -502,3 +502,18 @@ def test_help_and_argument_refusals_import_no_torch():
     done = run_fresh(code, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "--batch-size: '0' is out of range" in done.stderr
+
+
+
+def test_prior_error_sources_unknown_lofo_family_is_one_line_exit_2():
+    """benchmarks/prior_error_sources.py --lofo-fold names a family the folder's records do not have (the CPU
+    dataset's): one line with the families it has, exit 2, before any graph is traced."""
+    root = Path(__file__).resolve().parent.parent
+    r = subprocess.run([sys.executable, str(root / "benchmarks" / "prior_error_sources.py"), "--data",
+                        str(root / "datasets" / "cpu"), "--lofo-fold", "efficientnet-b7"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stderr
+    lines = [line for line in r.stderr.strip().splitlines() if "Warning" not in line and "warnings.warn" not in line]
+    assert len(lines) == 1 and lines[0].startswith(
+        f"prior_error_sources.py: error: --lofo-fold efficientnet-b7: not a family of {root / 'datasets' / 'cpu'}; "
+        "allowed: bert, convnext, densenet, efficientnet, gpt2,"), r.stderr
