@@ -182,7 +182,7 @@ def size_fold(data: str, seed: int, labels: str = "mean") -> None:
     _, samples, _ = protocol.load([data], True, quiet, label=labels)
     refit = protocol.prior_refit([data], quiet, as_shipped=True)
     if refit is None:
-        raise SystemExit(f"{data}: no per-op profiles, nothing to decompose")
+        raise UserError(f"--data {data}: no per-op profiles, nothing to decompose")
     parts = protocol.size_split(samples, seed)
     top = parts.pop("train_max_flops")
     name = samples[0].hardware_name
@@ -215,7 +215,7 @@ def lofo_fold(data: str, family: str, labels: str = "mean", profiler_cost: bool 
     """The leave-one-family-out fold of ``family`` on ``data`` as the protocol's prior sees it
     (``evaluate --protocol lofo``): the kind's prior refitted to every other family's steps with its shipped
     section's options (and the profiler's cost off the kernels with ``profiler_cost``), then ``family``'s
-    steps decomposed (``print_tables``) with every kernel category of at least 1 % of its steps."""
+    steps decomposed (``print_tables``) with every kernel category, by measured time."""
     from gnn_ptp import protocol
 
     families = sorted({m.family for m in dataset.measured_configs(data)})
@@ -225,7 +225,7 @@ def lofo_fold(data: str, family: str, labels: str = "mean", profiler_cost: bool 
     _, samples, _ = protocol.load([data], True, quiet, label=labels)
     refit = protocol.prior_refit([data], quiet, as_shipped=True, profiler_cost=profiler_cost)
     if refit is None:
-        raise SystemExit(f"{data}: no per-op profiles, nothing to decompose")
+        raise UserError(f"--data {data}: no per-op profiles, nothing to decompose")
     name = samples[0].hardware_name
     fit_on = [s for s in samples if s.family != family]
     test = [s for s in samples if s.family == family]
