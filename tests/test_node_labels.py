@@ -376,3 +376,16 @@ def test_the_protocols_refit_takes_the_profilers_cost_when_asked(harvested, labe
     for key, tensors in want.items():
         for a, b in zip(tensors, less.seconds[name][key]):
             assert torch.equal(torch.nan_to_num(a), torch.nan_to_num(b))
+
+
+def test_the_protocols_refit_takes_the_depthwise_stride_when_asked(harvested):
+    """``protocol.prior_refit(depthwise_stride=True)`` (``evaluate --depthwise-stride``): the CPU kind's fold
+    fits carry the option to ``prior_fit.fit``; without it, none (the harvest's kind has no shipped section
+    whose law has the term)."""
+    from gnn_ptp import protocol
+
+    plain = protocol.prior_refit([harvested], lambda m: None)
+    strided = protocol.prior_refit([harvested], lambda m: None, depthwise_stride=True)
+    (name,) = strided.seconds
+    assert strided.options[name]["depthwise_stride"] is True
+    assert not plain.options.get(name, {}).get("depthwise_stride")
