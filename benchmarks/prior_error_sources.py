@@ -173,19 +173,28 @@ def print_layouts(sums: dict, total_s: float) -> None:
             f"{w[-1]} {lay} x{p / m:.2f} ({m / m_all * 100:.0f}%)" for (w, lay), (m, p) in each if m / m_all >= 0.02))
 
 
+def _fold_data(data: str, labels: str, profiler_cost: bool = False):
+    """What a protocol fold of ``data`` is decomposed from: its samples (``labels``), the per-node measured
+    seconds its prior is refitted to with its shipped section's options (``protocol.prior_refit``; the
+    profiler's cost off them with ``profiler_cost``) and its hardware name."""
+    from gnn_ptp import protocol
+
+    quiet = lambda _: None  # noqa: E731
+    _, samples, _ = protocol.load([data], True, quiet, label=labels)
+    refit = protocol.prior_refit([data], quiet, as_shipped=True, profiler_cost=profiler_cost)
+    if refit is None:
+        raise UserError(f"--data {data}: no per-op profiles, nothing to decompose")
+    return samples, refit, samples[0].hardware_name
+
+
 def size_fold(data: str, seed: int, labels: str = "mean") -> None:
     """The size protocol's fold of ``seed`` on ``data``: the prior refitted to its training half as the
     protocol does, its test steps decomposed (``print_tables``), and the GEMM-like kernels by FLOPs decade."""
     from gnn_ptp import protocol
 
-    quiet = lambda _: None  # noqa: E731
-    _, samples, _ = protocol.load([data], True, quiet, label=labels)
-    refit = protocol.prior_refit([data], quiet, as_shipped=True)
-    if refit is None:
-        raise UserError(f"--data {data}: no per-op profiles, nothing to decompose")
+    samples, refit, name = _fold_data(data, labels)
     parts = protocol.size_split(samples, seed)
     top = parts.pop("train_max_flops")
-    name = samples[0].hardware_name
     fit_on = parts["train"] + parts["val"]
     profile = refit.fit(name, fit_on)
     print(f"{data}: size fold seed {seed} ({labels} labels): the prior refitted to {len(fit_on)} steps "
@@ -216,17 +225,10 @@ def lofo_fold(data: str, family: str, labels: str = "mean", profiler_cost: bool 
     (``evaluate --protocol lofo``): the kind's prior refitted to every other family's steps with its shipped
     section's options (and the profiler's cost off the kernels with ``profiler_cost``), then ``family``'s
     steps decomposed (``print_tables``) with every kernel category, by measured time."""
-    from gnn_ptp import protocol
-
     families = sorted({m.family for m in dataset.measured_configs(data)})
     if family not in families:  # from the records alone, before any graph is traced
         raise UserError(f"--lofo-fold {family}: not a family of {data}; allowed: {', '.join(families) or 'none'}")
-    quiet = lambda _: None  # noqa: E731
-    _, samples, _ = protocol.load([data], True, quiet, label=labels)
-    refit = protocol.prior_refit([data], quiet, as_shipped=True, profiler_cost=profiler_cost)
-    if refit is None:
-        raise UserError(f"--data {data}: no per-op profiles, nothing to decompose")
-    name = samples[0].hardware_name
+    samples, refit, name = _fold_data(data, labels, profiler_cost)
     fit_on = [s for s in samples if s.family != family]
     test = [s for s in samples if s.family == family]
     profile = refit.fit(name, fit_on)
