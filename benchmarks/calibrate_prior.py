@@ -368,13 +368,14 @@ def _layouts_for(hw, data: Path, device_kw: dict):
     return replace(hw, gemm_layout_ratio=ratios)
 
 
-def fit_profiles(data: Path, fit_families: list[str], **device_kw) -> tuple[dict, dict]:
+def fit_profiles(data: Path, fit_families: list[str], labels: str = "mean", **device_kw) -> tuple[dict, dict]:
     """Curves and host issue costs fitted to a GPU dataset's profiled kernels and timed steps of
-    ``fit_families`` (gnn_ptp/prior_fit.py; ``device_kw``: ``prior_fit.fit_device``'s options); errors on
-    the kernels and steps of every other family."""
+    ``fit_families`` (gnn_ptp/prior_fit.py; ``device_kw``: ``prior_fit.fit_device``'s options; ``labels``:
+    the steps' labels, ``dataset.LABEL_STATS``); errors on the kernels and steps of every other family."""
     from gnn_ptp import prior_fit
 
-    hw, samples, seconds = prior_fit.load_profiled(data, profiler_cost=device_kw.get("profiler_cost", False))
+    hw, samples, seconds = prior_fit.load_profiled(data, profiler_cost=device_kw.get("profiler_cost", False),
+                                                   label=labels)
     hw = _probes_for(_layouts_for(hw, data, device_kw), data, device_kw)
     device_kw = _depthwise_for(hw, device_kw)
     profiler_cost = device_kw.pop("profiler_cost", False)
@@ -408,17 +409,19 @@ def fit_profiles(data: Path, fit_families: list[str], **device_kw) -> tuple[dict
                f"{held['all']['n']} measured {env.get('device_name', hw.name)} steps of {len(held['by_family'])} "
                f"model families the fit never saw (worst family {worst[0]} {worst[1]['mape']:.0f} %)")
     by_class = ", ".join(f"{k} {v['mape']:.0f} %" for k, v in held["by_precision"].items())
-    return _section(hw, env, source, summary, by_class, fitted, profile, fit_families, errors), errors
+    return _section(hw, env, source, summary, by_class, fitted, profile, fit_families, errors, labels), errors
 
 
 def fit_profiles_lofo(data: Path, hold_out: list[str] = (), score_only: bool = False, jobs: int = 1,
-                      **device_kw) -> tuple[dict | None, dict]:
+                      labels: str = "mean", **device_kw) -> tuple[dict | None, dict]:
     """The shipped curves fitted to every family of a GPU dataset but ``hold_out`` (the families a
     checkpoint trained over this prior is tested on, which the prior must not see either); the expected
-    error from fitting the same way with one family left out at a time (``prior_fit.leave_one_family_out``)."""
+    error from fitting the same way with one family left out at a time (``prior_fit.leave_one_family_out``),
+    both on ``labels`` (``dataset.LABEL_STATS``)."""
     from gnn_ptp import prior_fit
 
-    hw, samples, seconds = prior_fit.load_profiled(data, profiler_cost=device_kw.get("profiler_cost", False))
+    hw, samples, seconds = prior_fit.load_profiled(data, profiler_cost=device_kw.get("profiler_cost", False),
+                                                   label=labels)
     hw = _probes_for(_layouts_for(hw, data, device_kw), data, device_kw)
     device_kw = _depthwise_for(hw, device_kw)
     print(f"leave one family out ({len({s.family for s in samples})} families, {len(samples)} steps):")
@@ -448,7 +451,7 @@ def fit_profiles_lofo(data: Path, hold_out: list[str] = (), score_only: bool = F
                f"{lofo['family_mean_mape']:.0f} %, worst {lofo['worst_family']} {lofo['worst_family_mape']:.0f} %)")
     by_class = ", ".join(f"{k} {v:.0f} %" for k, v in lofo["by_precision"].items())
     families = sorted({s.family for s in samples})
-    return _section(hw, env, source, summary, by_class, fitted, profile, families, errors), errors
+    return _section(hw, env, source, summary, by_class, fitted, profile, families, errors, labels), errors
 
 
 def fresh_of(data: Path) -> dict | None:
@@ -481,9 +484,12 @@ def _machine(env: dict, hw) -> str:
 
 
 def _section(hw, env: dict, source: str, summary: str, by_class: str, fitted: dict, profile,
-             fit_families: list[str], errors: dict) -> dict:
+             fit_families: list[str], errors: dict, labels: str = "mean") -> dict:
     """The calibration section a GPU fit writes: its curves and host costs, where they come from and the
-    error expected of them (``summary``, ``by_class``), and the host they belong to."""
+    error expected of them (``summary``, ``by_class``), the host they belong to, and the step labels its
+    host costs were fitted to where they are not the records' mean (``labels``: fastest)."""
+    if labels != "mean":
+        source += f"; step labels: each configuration's {labels} record"
     host = list(profile.host_issue_s)
     per_kernel = ", ".join(f"{k} {h * 1e6:.0f} us" for k, h in zip(("forward", "backward", "optimizer"), host))
     expected = {
@@ -504,7 +510,8 @@ def _section(hw, env: dict, source: str, summary: str, by_class: str, fitted: di
             **({"fresh_threshold_bytes": fitted["fresh"]["threshold_bytes"],
                 "fresh_s_per_byte": fitted["fresh"]["s_per_byte"]} if fitted.get("fresh") else {}),
             "launch_floor_s": fitted["device_floor_s"], "host_issue_s": host,
-            "host_fixed_s": list(profile.host_fixed_s), "fit_families": fit_families, "errors": errors}
+            "host_fixed_s": list(profile.host_fixed_s), "fit_families": fit_families,
+            **({"labels": labels} if labels != "mean" else {}), "errors": errors}
 
 
 def write_sections(table: dict, before: dict, path: Path) -> None:
@@ -677,6 +684,10 @@ def main() -> None:
                     help="with --profiles: the depthwise law has the stride among its terms (prior.Profile.depthwise; "
                          "on the first CPU kind a bf16 depthwise backward of stride 2 runs ~5x one of stride 1 of "
                          "its shape: README *Protocol*, the depthwise stride); the section's law says so")
+    ap.add_argument("--labels", default="mean", choices=("mean", "fastest"),
+                    help="with --profiles: the timed steps the host costs are fitted to and scored on, labelled "
+                         "by the mean of each configuration's records (default) or by its fastest record (the "
+                         "uncontended step: dataset.LABEL_STATS); a section fitted to fastest labels says so")
     ap.add_argument("--jobs", type=int, default=1,
                     help="with --lofo/--lofo-only: families left out in this many processes at once (each fit "
                          "on one thread; the scores do not depend on it)")
@@ -696,6 +707,8 @@ def main() -> None:
         ap.error("give --profiles DATA, --neusight PATH and/or --cpu")
     if args.lofo_only and (args.write or args.neusight or args.cpu or not args.profiles):
         ap.error("--lofo-only scores --profiles DATA alone and writes nothing: no --write, --neusight or --cpu")
+    if args.labels != "mean" and not args.profiles:
+        ap.error(f"--labels {args.labels} labels the timed steps of --profiles DATA: give --profiles")
     if args.profiles and args.neusight:
         ap.error("--profiles and --neusight both write the h100 section: give one")
     if args.bounded_layout_curves and not args.gemm_layout_curves:
@@ -726,14 +739,15 @@ def main() -> None:
               **({"depthwise_stride": True} if args.depthwise_stride else {}),
               **(KERNEL_CLASSES if args.kernel_classes else {})}
         if args.lofo_only:
-            _, e = fit_profiles_lofo(args.profiles, score_only=True, jobs=args.jobs, **kw)
+            _, e = fit_profiles_lofo(args.profiles, score_only=True, jobs=args.jobs, labels=args.labels, **kw)
             print_lofo(e)
             return
         if args.lofo:
             section, e = fit_profiles_lofo(args.profiles, [f for f in args.hold_out.split(",") if f],
-                                           jobs=args.jobs, **kw)
+                                           jobs=args.jobs, labels=args.labels, **kw)
         else:
-            section, e = fit_profiles(args.profiles, [f for f in args.fit_families.split(",") if f], **kw)
+            section, e = fit_profiles(args.profiles, [f for f in args.fit_families.split(",") if f],
+                                      labels=args.labels, **kw)
         name = cpu_section_name(section["cpu_model"], table) if section["fitted_on"] == "cpu" else "h100"
         if name == "h100" and "h100" in table and "host_issue_s" not in table["h100"]:
             table["h100-neusight"] = table["h100"]  # the earlier public-kernel fit, kept for comparison

@@ -34,7 +34,8 @@ def evaluate(checkpoint_dir: str | Path, data_dir: str | Path, split: str = "tes
         raise UserError(f"--split {split!r}: allowed: {', '.join(SPLITS)}")
     log = log or (lambda msg: print(msg, file=sys.stderr))
     model, meta = checkpoint.load(checkpoint_dir)
-    measured = dataset.measured_configs(data_dir, strict=strict)
+    labels = (meta.get("train") or {}).get("labels", "mean")  # scored on the labels it was trained on
+    measured = dataset.measured_configs(data_dir, strict=strict, label=labels)
     if measured[0].hardware != meta["hardware"]:
         raise UserError(f"checkpoint {checkpoint_dir} predicts {meta['hardware']!r}, "
                         f"data {data_dir} is {measured[0].hardware!r}")
@@ -130,7 +131,7 @@ def evaluate(checkpoint_dir: str | Path, data_dir: str | Path, split: str = "tes
     if moved_from:
         result["prior_moved"] = moved_from
     result.update(checkpoint=str(checkpoint_dir), data=str(data_dir), split=split, hardware=meta["hardware"],
-                  held_out_families=sorted(set(families)) if split == "test" else None,
+                  labels=labels, held_out_families=sorted(set(families)) if split == "test" else None,
                   trained_on_data_hash=meta.get("data_hash"), data_hash=data_hash)
     if plot:
         parity_plot(p["pred_ms"][:, 3], true_ms, precisions, plot,
@@ -179,6 +180,8 @@ def format_table(r: dict) -> str:
     if r.get("held_out_families"):
         head += f" (held-out families: {', '.join(r['held_out_families'])})"
     lines = [head]
+    if r.get("labels", "mean") != "mean":
+        lines.append(f"labels: each configuration's {r['labels']} record, as the checkpoint was trained on")
     if r.get("prior_moved"):
         m = r["prior_moved"]
         lines.append(f"gnn priced over the prior of {m['from']} (the kind it was trained on) moved to "

@@ -99,14 +99,15 @@ class KernelRows:
         return self.backward if self.backward is not None else torch.zeros(len(self), dtype=torch.bool)
 
 
-def load_profiled(data, profiler_cost: bool = False):
+def load_profiled(data, profiler_cost: bool = False, label: str = "mean"):
     """(hardware, samples, per-node measured seconds: ``node_labels.node_seconds``) of a GPU dataset
     folder with per-op profiles; with ``profiler_cost`` a CPU's node seconds leave out the profiler's cost
-    per recorded op (``node_labels.profiler_cost_us``)."""
+    per recorded op (``node_labels.profiler_cost_us``). ``label``: the steps' labels, the mean of each
+    configuration's records or its fastest record (``dataset.LABEL_STATS``)."""
     from gnn_ptp import dataset, node_labels
     from gnn_ptp.hardware import get_hardware
 
-    measured = dataset.measured_configs(data)
+    measured = dataset.measured_configs(data, label=label)
     hw = get_hardware(measured[0].hardware)
     samples = dataset.make_samples(measured, dataset.load_graphs(data, measured, True))
     return hw, samples, node_labels.node_seconds(data, measured, profiler_cost=profiler_cost)

@@ -198,7 +198,8 @@ def prepare_many(data_dirs, cfg, log, strict: bool = False):
     if not cfg.model.hardware_descriptor:
         raise UserError("training on several --data folders needs [model] hardware_descriptor = true: without "
                         "it the model cannot tell their hardware apart")
-    measured, samples, _ = load(data_dirs, cfg.model.precision_aware, log, strict, node_labels=bool(cfg.node_weight))
+    measured, samples, _ = load(data_dirs, cfg.model.precision_aware, log, strict, node_labels=bool(cfg.node_weight),
+                                label=cfg.labels)
     targets = sorted({dataset.trace_target(m.hardware) for m in measured})
     if len(targets) > 1:
         raise UserError(f"--data folders {', '.join(map(str, data_dirs))} trace for {' and '.join(targets)}: "

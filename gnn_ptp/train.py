@@ -52,6 +52,10 @@ class TrainConfig:
     """Weight of the node-level loss next to the phase loss: Huber on each profiled node's log time, weighted
     by its measured share of its phase (gnn_ptp/node_labels.py; needs readout node_sum). 0: phase totals
     only, as before node labels existed."""
+    labels: str = "mean"
+    """What a configuration measured more than once is labelled by (``dataset.LABEL_STATS``): ``mean``, the
+    mean of its records, or ``fastest``, its fastest record (the uncontended step, for hosts whose
+    interference only slows steps down). The checkpoint carries it; ``evaluate`` scores it on the same."""
 
     def __post_init__(self):
         for name in ("batch_size", "epochs", "patience", "seed"):
@@ -68,6 +72,8 @@ class TrainConfig:
             if not ok:
                 value = getattr(self, name, None) if "+" not in name else self.test_fraction + self.val_fraction
                 raise UserError(f"training config: {name} = {value!r} is out of range")
+        if self.labels not in dataset.LABEL_STATS:
+            raise UserError(f"training config: labels = {self.labels!r}; allowed: {', '.join(dataset.LABEL_STATS)}")
         if self.node_weight and self.model.readout != "node_sum":
             raise UserError(f"training config: node_weight = {self.node_weight!r} needs per-node shares of the "
                             f"phase times: [model] readout = \"node_sum\", not {self.model.readout!r} (a queue "
@@ -179,7 +185,9 @@ def prepare(data_dir, cfg: TrainConfig, log, strict: bool = False):
         from gnn_ptp.protocol import prepare_many
 
         return prepare_many(data_dir, cfg, log, strict)
-    measured = dataset.measured_configs(data_dir, strict=strict)
+    measured = dataset.measured_configs(data_dir, strict=strict, label=cfg.labels)
+    if cfg.labels != "mean":
+        log(f"labels: each configuration's {cfg.labels} record")
     graphs = dataset.load_graphs(data_dir, measured, cfg.model.precision_aware, log=log)
     samples = dataset.make_samples(measured, graphs)
     if cfg.model.needs_hardware:

@@ -269,3 +269,35 @@ def test_residual_prior_for_moves_only_a_cpu_kind_the_checkpoint_was_not_trained
     assert descriptor.residual_prior_for(None, other) is other
     h200 = descriptor.GPU_DESCRIPTORS["h200"]
     assert descriptor.residual_prior_for(home, h200) is h200 and descriptor.residual_prior_for(h200, other) is other
+
+
+def test_a_checkpoint_trained_on_fastest_labels_is_scored_on_them(tmp_path):
+    """A second SYNTHETIC pass of every configuration, 1.5x slower (a host slowed by interference), and a
+    checkpoint trained with ``labels = "fastest"``: its meta carries the convention, ``evaluate`` scores it
+    against the first pass's times (not the two passes' mean) and says so, and its test MAPE is the one
+    training reported; a bad ``labels`` is one clear error naming what is allowed."""
+    from gnn_ptp import checkpoint, records
+    from gnn_ptp.train import TrainConfig
+
+    data = write_synthetic_dataset(tmp_path / "synthetic-cpu")
+    first = [json.loads(line) for line in (data / "synthetic.jsonl").read_text().splitlines()]
+    for r in first:
+        slower = {**r, "timing": {k: {**v, "median": v["median"] * 1.5} for k, v in r["timing"].items()}}
+        records.append_record(slower, data, "pass-2.jsonl")
+    (tmp_path / "fastest.toml").write_text('labels = "fastest"\n' + CONFIG)
+    assert cli.main(["train", "--data", str(data), "--config", str(tmp_path / "fastest.toml"),
+                     "--out", str(tmp_path / "ckpt")]) == 0
+    model, meta = checkpoint.load(tmp_path / "ckpt")
+    assert meta["train"]["labels"] == "fastest"
+    r = evaluate(tmp_path / "ckpt", data, log=lambda m: None)
+    assert r["labels"] == "fastest" and "labels: each configuration's fastest record" in format_table(r)
+    truth = {x["key"]: x["timing"]["step_ms"]["median"] for x in first}
+    measured = dataset.measured_configs(data, label="fastest")
+    test = [s for s in dataset.make_samples(measured, load_synthetic_graphs(data, measured))
+            if meta["split"][s.family] == "test"]
+    assert all(s.y[0, 3].exp().item() == pytest.approx(truth[s.key], rel=1e-4) for s in test)
+    p = predict_samples(model, test)
+    assert r["overall"] == pytest.approx(metrics.summarize(metrics.ape(p["pred_ms"][:, 3], p["true_ms"][:, 3])))
+    assert r["overall"]["mape"] == pytest.approx(meta["metrics"]["test"]["overall"]["mape"])
+    with pytest.raises(UserError, match="labels = 'min'; allowed: mean, fastest"):
+        TrainConfig(labels="min")

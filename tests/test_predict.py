@@ -637,6 +637,9 @@ def test_a_checkpoint_s_expected_error_comes_from_its_held_out_families():
     assert moved["other_hardware"] and "not the one predicted for" in moved["summary"]
     assert "other_hardware" not in held
     assert predict_mod.checkpoint_error({"metrics": {}}, "bert") == {}
+    assert "labels" not in held and "record" not in held["summary"]  # mean labels: as every earlier checkpoint
+    fastest = predict_mod.checkpoint_error({**meta, "train": {"labels": "fastest"}}, "vgg")
+    assert fastest["labels"] == "fastest" and "fastest record (the uncontended step)" in fastest["summary"]
 
 
 def test_the_table_prints_a_checkpoint_s_expected_error(ckpt):

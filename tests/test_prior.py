@@ -519,3 +519,37 @@ def test_calibrate_prior_lofo_only_writes_nothing_and_refuses_write():
         done = subprocess.run([sys.executable, str(script), "--profiles", "datasets/h200", "--lofo-only", *extra],
                               capture_output=True, text=True)
         assert done.returncode == 2 and "--lofo-only" in done.stderr.splitlines()[-1]
+
+
+def test_a_calibration_section_fitted_to_fastest_labels_says_so(monkeypatch):
+    """``calibrate_prior.py --labels fastest``: the steps are loaded with the fastest record's labels
+    (``load_profiled`` passes them on), and the section it writes carries ``labels`` and says so in its
+    source; a mean-label section keeps the form every shipped section had (no key). --labels without
+    --profiles is refused (exit 2). The fitted curves are SYNTHETIC stand-ins."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from gnn_ptp import dataset, node_labels, prior_fit
+
+    mod = calibrate_prior_module()
+    asked = []
+    monkeypatch.setattr(dataset, "measured_configs",
+                        lambda d, label="mean": asked.append(label) or [SimpleNamespace(hardware="cpu")])
+    monkeypatch.setattr(dataset, "load_graphs", lambda *a, **k: {})
+    monkeypatch.setattr(dataset, "make_samples", lambda *a, **k: [])
+    monkeypatch.setattr(node_labels, "node_seconds", lambda *a, **k: {})
+    assert prior_fit.load_profiled("somewhere", label="fastest")[0].name == "cpu"
+    assert asked == ["fastest"]
+    fitted = {"gemm": {}, "vector": {}, "memory": {}, "device_floor_s": 1e-6}
+    profile = SimpleNamespace(host_issue_s=(1e-5, 2e-5, 0.0), host_fixed_s=(0.0, 0.0, 0.0))
+    hw = SimpleNamespace(kind="cpu", name="cpu")
+    env = {"cpu_kind": "AMD EPYC", "torch": "2.14.1"}
+    fastest = mod._section(hw, env, "fitted by X", "s", "c", fitted, profile, ["a"], {}, labels="fastest")
+    mean = mod._section(hw, env, "fitted by X", "s", "c", fitted, profile, ["a"], {})
+    assert fastest["labels"] == "fastest" and "fastest record" in fastest["source"]
+    assert "labels" not in mean and mean["source"] == "fitted by X"
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "calibrate_prior.py"
+    done = subprocess.run([sys.executable, str(script), "--cpu", "--labels", "fastest"], capture_output=True, text=True)
+    assert done.returncode == 2 and "--labels fastest" in done.stderr.splitlines()[-1]
