@@ -501,6 +501,15 @@ def calibration_digest(section: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def _labelled_error(d: dict) -> dict:
+    """A section's expected error, its summary saying what the steps were labelled by where a section
+    says (``calibrate_prior.py --labels fastest``): a prediction from it is of the uncontended step."""
+    err = dict(d.get("expected_error", {}))
+    if d.get("labels", "mean") != "mean" and err.get("summary"):
+        err["summary"] += f", each step labelled by its configuration's {d['labels']} record (the uncontended step)"
+    return err
+
+
 def profile_from_dict(hw: Hardware, d: dict) -> Profile:
     """``hw``'s profile from a calibration section. A section fitted on another GPU (the H100 borrows the
     H200's: ``CURVES_OF``) gives its curves as they are, fractions of ``hw``'s own peaks; its depthwise law,
@@ -514,7 +523,7 @@ def profile_from_dict(hw: Hardware, d: dict) -> Profile:
                    float(d.get("launch_floor_s", 0.0)),
                    tuple(float(v) for v in d["host_issue_s"]) if d.get("host_issue_s") else None,
                    tuple(float(v) for v in d["host_fixed_s"]) if d.get("host_fixed_s") else None,
-                   d.get("source", ""), d.get("expected_error", {}), d.get("fitted_on", ""),
+                   d.get("source", ""), _labelled_error(d), d.get("fitted_on", ""),
                    {k: float(v) for k, v in d.get("vector_fraction", {}).items()},
                    {k: float(v) for k, v in d.get("memory_fraction", {}).items()},
                    {k: float(v) for k, v in d.get("memory_half_size", {}).items()},

@@ -550,6 +550,12 @@ def test_a_calibration_section_fitted_to_fastest_labels_says_so(monkeypatch):
     mean = mod._section(hw, env, "fitted by X", "s", "c", fitted, profile, ["a"], {})
     assert fastest["labels"] == "fastest" and "fastest record" in fastest["source"]
     assert "labels" not in mean and mean["source"] == "fitted by X"
+    # what predict quotes from such a section says what it predicts: the uncontended step
+    shipped = {**prior.calibration()["cpu"], "expected_error": {"summary": "12 % step MAPE"}}
+    assert prior.profile_from_dict(HARDWARE["cpu"], {**shipped, "labels": "fastest"}).expected_error["summary"] == (
+        "12 % step MAPE, each step labelled by its configuration's fastest record (the uncontended step)")
+    assert prior.profile_from_dict(HARDWARE["cpu"], {**shipped, "labels": "mean"}
+                                   ).expected_error["summary"] == "12 % step MAPE"
     script = Path(__file__).resolve().parent.parent / "benchmarks" / "calibrate_prior.py"
     done = subprocess.run([sys.executable, str(script), "--cpu", "--labels", "fastest"], capture_output=True, text=True)
     assert done.returncode == 2 and "--labels fastest" in done.stderr.splitlines()[-1]
