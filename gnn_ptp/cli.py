@@ -307,7 +307,7 @@ PROTOCOL_ONLY = {"config": None, "epochs": None, "patience": None, "families": N
                  "variants": "gnn,gnn-prior", "threads": None, "bootstrap": 2000, "shipped_prior": False,
                  "jobs": 1, "hardware_folds": "all", "hardware_test": None, "hardware_transfer": "nearest",
                  "transfer_mode": "split", "no_depthwise_law": False, "refit_per_category": False, "slow_conv_law": None,
-                 "labels": "mean", "profiler_cost": False, "depthwise_stride": False}
+                 "labels": None, "profiler_cost": False, "depthwise_stride": False}
 """``evaluate``'s options that only a --protocol run reads, with their defaults."""
 
 
@@ -376,9 +376,10 @@ def add_evaluate_parser(sub) -> None:
                         "and bandwidth curves and no batch-norm ramp, as before 2026-11-26's eighteenth session, "
                         "instead of the options its shipped section was fitted with (the default)")
     g.add_argument("--labels", default=PROTOCOL_ONLY["labels"],
-                   help="a configuration measured more than once is labelled by the mean of its records (mean, "
-                        "default) or by its fastest record (fastest: for a shared VM whose interference only "
-                        "slows steps down; the noise floor is then measured by split halves)")
+                   help="a configuration measured more than once is labelled by the mean of its records (mean) "
+                        "or by its fastest record (fastest: for a shared VM whose interference only slows steps "
+                        "down; the noise floor is then measured by split halves); default: the training "
+                        "config's labels (mean unless it says)")
     g.add_argument("--bootstrap", type=_positive_int, default=PROTOCOL_ONLY["bootstrap"],
                    help="bootstrap resamples (default 2000)")
     g.add_argument("--shipped-prior", action="store_true",

@@ -119,10 +119,12 @@ class Budget:
     with (``prior_fit.section_options``: pooled or per-category vector and bandwidth curves, the batch
     norms' channel ramp), so that the protocol scores the prior that ships; False: ``fit_device``'s
     defaults (per-category, no ramp), the form before the eighteenth session (2026-11-26)."""
-    labels: str = "mean"
+    labels: str | None = None
     """How a configuration measured more than once is labelled (``dataset.LABEL_STATS``): the mean of its
-    records (default) or its fastest record (``fastest``: on a shared VM whose interference only slows steps
-    down; README *Protocol*, labels from the fastest record). The noise floor follows (``noise.floor_for``)."""
+    records or its fastest record (``fastest``: on a shared VM whose interference only slows steps down;
+    README *Protocol*, labels from the fastest record). None (default): the training config's ``labels``
+    (mean unless it says), so that the protocol scores what ``train`` with that config ships. The noise
+    floor follows (``noise.floor_for``)."""
     jobs: int = 1
     """Folds trained at once, each in a forked worker process (``threads`` torch threads each, 1 when
     unset): a leave-one-family-out run is 17 independent folds per seed. Same results as one at a time."""
@@ -145,7 +147,7 @@ class Budget:
         for name, allowed in (("hardware_folds", HARDWARE_FOLDS), ("hardware_transfer", HARDWARE_TRANSFERS),
                               ("transfer_mode", TRANSFER_MODES), ("labels", dataset.LABEL_STATS)):
             value = getattr(self, name)
-            if value not in allowed:
+            if value not in allowed and not (name == "labels" and value is None):
                 raise UserError(f"protocol {name.replace('_', ' ')} {value!r}: allowed: {', '.join(allowed)}"
                                 + closest(str(value), allowed))
         if not isinstance(self.jobs, int) or self.jobs < 1:
@@ -534,6 +536,8 @@ def run(protocol: str, data_dirs, config=None, budget: Budget = Budget(), log=No
         raise UserError(f"--protocol {protocol!r}: allowed: {', '.join(PROTOCOLS)}" + closest(protocol, PROTOCOLS))
     log = log or (lambda msg: print(msg, file=sys.stderr))
     base = config if isinstance(config, TrainConfig) else load_train_config(config)
+    if budget.labels is None:  # the config's labels: the protocol scores what train with it would ship
+        budget = dataclasses.replace(budget, labels=base.labels)
     data_dirs = [data_dirs] if isinstance(data_dirs, (str, Path)) else list(data_dirs)
     if protocol == "hardware" and loaded is None:
         _check_kinds(data_dirs, strict)  # from the records alone, before any graph is traced

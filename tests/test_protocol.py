@@ -556,6 +556,15 @@ def test_fastest_labels_reach_the_folds_and_the_noise_floor_follows(synthetic_di
         assert got["mean"][key] == pytest.approx(truth[key] * 5.0 / 4, rel=1e-3)
     with pytest.raises(UserError, match="protocol labels 'min': allowed: mean, fastest"):
         protocol.Budget(labels="min")
+    # no labels named: the training config's (what ``train`` with it would ship), an explicit choice wins
+    fastest_cfg = dataclasses.replace(TINY, labels="fastest")
+    unset = dataclasses.replace(budget, labels=None)
+    r = protocol.run("lofo", synthetic_dir, fastest_cfg, unset, log=lambda _: None)
+    assert r["budget"]["labels"] == "fastest" and dict(zip(r["folds"][0]["keys"], r["folds"][0]["true_ms"])) == got["fastest"]
+    r = protocol.run("lofo", synthetic_dir, TINY, unset, log=lambda _: None)
+    assert r["budget"]["labels"] == "mean"
+    r = protocol.run("lofo", synthetic_dir, fastest_cfg, dataclasses.replace(budget, labels="mean"), log=lambda _: None)
+    assert r["budget"]["labels"] == "mean"
 
 
 def test_the_slow_conv_law_joins_a_cpu_kinds_section_options_and_not_a_gpus(monkeypatch):
