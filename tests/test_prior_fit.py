@@ -703,7 +703,11 @@ def test_a_kind_left_out_of_several_gets_the_nearest_kind_s_fit_or_the_geometric
     info = PriorRefit(seconds, max_rows=None, descriptors=kinds, transfer="mean").apply(parts)
     assert info["synthetic-slow-cpu"] == {"transferred_from": ["amd-epyc", "synthetic-fast-cpu"]}
     for h, slow in zip(home, parts["test"]):  # the same graphs
-        torch.testing.assert_close(slow.prior_log_ms, h.prior_log_ms + 1.5 * math.log(2.0), rtol=0, atol=1e-3)
+        # nodes moved 2x and 4x: their geometric mean, 2.83x (nearest: 2x, the far kind alone: 4x). Each kind's
+        # fitted host costs move with it and are averaged arithmetically (``_price``), so the step sits within
+        # 3 % of 2.83x, not 0.1 % as it did until the thirty-eighth session's section (fitted with the profiler's
+        # cost taken off) gave the reference kind host costs of 1-13 us a kernel and 150-375 us a phase
+        torch.testing.assert_close(slow.prior_log_ms, h.prior_log_ms + 1.5 * math.log(2.0), rtol=0, atol=0.03)
         assert slow.host_s.shape == h.host_s.shape
     info = PriorRefit(seconds, max_rows=None, descriptors=kinds).apply(parts)
     assert info["synthetic-slow-cpu"] == {"transferred_from": "amd-epyc"}
