@@ -20,6 +20,12 @@ from gnn_ptp.store import atomic_torch_save, atomic_write_json
 FORMAT_VERSION = 1
 
 
+def trained_labels(meta: dict) -> str:
+    """The labels a checkpoint was trained on (``TrainConfig.labels``; mean for one trained before they
+    were a setting)."""
+    return (meta.get("train") or {}).get("labels", "mean")
+
+
 def save(model, meta: dict, out_dir: str | Path) -> Path:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

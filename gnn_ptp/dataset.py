@@ -39,6 +39,13 @@ uncontended machine's step, for hosts whose interference only ever slows a step 
 labels from the fastest record). Peak memory is the records' mean either way."""
 
 
+def label_note(label: str) -> str:
+    """What an error figure fitted to ``label`` adds about its steps: nothing for the mean (every label before
+    the thirty-eighth session), else that each step is its configuration's ``label`` record, the uncontended
+    step. One wording for a checkpoint's and a prior section's expected error."""
+    return "" if label == "mean" else f"each step labelled by its configuration's {label} record (the uncontended step)"
+
+
 @dataclass
 class Measured:
     """One configuration and its labels (medians averaged over repeated measurements, or its fastest

@@ -34,7 +34,7 @@ def evaluate(checkpoint_dir: str | Path, data_dir: str | Path, split: str = "tes
         raise UserError(f"--split {split!r}: allowed: {', '.join(SPLITS)}")
     log = log or (lambda msg: print(msg, file=sys.stderr))
     model, meta = checkpoint.load(checkpoint_dir)
-    labels = (meta.get("train") or {}).get("labels", "mean")  # scored on the labels it was trained on
+    labels = checkpoint.trained_labels(meta)  # scored on the labels it was trained on
     measured = dataset.measured_configs(data_dir, strict=strict, label=labels)
     if measured[0].hardware != meta["hardware"]:
         raise UserError(f"checkpoint {checkpoint_dir} predicts {meta['hardware']!r}, "

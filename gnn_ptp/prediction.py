@@ -350,10 +350,13 @@ def checkpoint_error(meta: dict, family: str | None, outside: bool = False, othe
                f"{overall['n']} measured steps of families the checkpoint never saw ({families})")
     err = {"summary": summary, "held_out": {"mape": overall["mape"], "n": overall["n"],
                                               "per_family": {f: per[f]["mape"] for f in sorted(per)}}}
-    labels = (meta.get("train") or {}).get("labels", "mean")
+    from gnn_ptp.checkpoint import trained_labels
+    from gnn_ptp.dataset import label_note
+
+    labels = trained_labels(meta)
     if labels != "mean":  # what it was trained to answer: an uncontended step, not a contended host's mean
         err["labels"] = labels
-        err["summary"] += f", each labelled by its {labels} record (the uncontended step)"
+        err["summary"] += f", {label_note(labels)}"
     if family:
         role = (meta.get("split") or {}).get(family)
         if family in per:

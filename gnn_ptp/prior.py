@@ -504,9 +504,12 @@ def calibration_digest(section: str) -> str:
 def _labelled_error(d: dict) -> dict:
     """A section's expected error, its summary saying what the steps were labelled by where a section
     says (``calibrate_prior.py --labels fastest``): a prediction from it is of the uncontended step."""
+    from gnn_ptp.dataset import label_note
+
     err = dict(d.get("expected_error", {}))
-    if d.get("labels", "mean") != "mean" and err.get("summary"):
-        err["summary"] += f", each step labelled by its configuration's {d['labels']} record (the uncontended step)"
+    note = label_note(d.get("labels", "mean"))
+    if note and err.get("summary"):
+        err["summary"] += f", {note}"
     return err
 
 

@@ -343,7 +343,7 @@ def test_the_readme_s_held_out_figure_is_the_shipped_checkpoint_s_on_the_data_it
     # a checkpoint over the physical prior: the calibration it was trained over is the shipped one
     assert meta.get("prior_calibration", {}) == checkpoint.prior_calibration(model)
     assert bool(meta.get("prior_calibration")) == (meta["model"]["target"] == "log_ratio_prior")
-    labels = meta["train"].get("labels", "mean")  # the labels it was trained on (its config's)
+    labels = checkpoint.trained_labels(meta)  # the labels it was trained on (its config's)
     current = dataset.data_hash(dataset.measured_configs(REPO / "datasets" / hardware, label=labels))
     assert current == meta["data_hash"], (f"datasets/{hardware} changed since checkpoints/{hardware} was trained: "
                                           "retrain, re-evaluate")
