@@ -47,6 +47,19 @@ def prior_calibration(model) -> dict[str, str]:
     return {s: prior.calibration_digest(s) for s in sections if s in prior.calibration()}
 
 
+def correction_scale(meta: dict, path="checkpoint") -> float:
+    """The factor on a residual checkpoint's correction to the prior (``train``'s ``scale_on_validation``;
+    1 for a checkpoint that chose none)."""
+    scaling = meta.get("correction_scale")
+    if scaling is None:
+        return 1.0
+    chosen = scaling.get("chosen") if isinstance(scaling, dict) else None
+    if isinstance(chosen, bool) or not isinstance(chosen, (int, float)) or not 0 <= chosen <= 1:
+        raise UserError(f"checkpoint {path}: meta.json's correction_scale.chosen = {chosen!r} is not a factor "
+                        "between 0 and 1; the checkpoint is damaged (retrain it or restore it from git)")
+    return float(chosen)
+
+
 def load(path: str | Path):
     """Return ``(model, meta)``; the model is in eval mode."""
     from gnn_ptp.graph import FEATURE_VERSION
@@ -84,6 +97,7 @@ def load(path: str | Path):
                         f"weights missing, {len(have - set(expected))} unexpected, or shapes differ); "
                         "the two files come from different trainings")
     model.load_state_dict(state)
+    model.correction_scale = correction_scale(meta, path)
     if isinstance(meta.get("hardware_descriptor"), dict):  # what the model assumes of graphs that carry none
         from gnn_ptp.descriptor import Descriptor
 

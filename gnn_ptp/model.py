@@ -157,6 +157,11 @@ class StepTimeGNN(nn.Module):
             from gnn_ptp.descriptor import DESCRIPTOR_FEATURES
 
             self.hw_in = nn.Sequential(nn.Linear(DESCRIPTOR_FEATURES, h), nn.GELU(), nn.Linear(h, h))
+        self.correction_scale = 1.0
+        """With target log_ratio_prior: the factor on the learnt log-correction to the prior (1: as learnt; 0: the
+        prior alone; 0.5: the geometric mean of the two), chosen on the validation families by ``train`` when
+        its config asks (``TrainConfig.scale_on_validation``) and restored by ``checkpoint.load`` from
+        meta.json. Not a weight: a checkpoint trained before it existed loads with 1."""
         self.descriptor = None
         """The hardware (``descriptor.Descriptor``) of graphs that carry none (``hw``, ``prior_log_ms``):
         the training data's, set by ``train`` and restored by ``checkpoint.load`` from meta.json."""
@@ -248,10 +253,11 @@ class StepTimeGNN(nn.Module):
         out = {"log_memory": self.memory(pooled).squeeze(-1) + self.memory_offset}
         if self.cfg.readout == "queue":
             device = self._hardware(data, "prior_device_log_ms")
-            log_node = self._trusted(self.node_time(torch.cat([h, g[data.batch]], dim=-1)).squeeze(-1)
-                                     + self.time_offset, device) + device
+            log_node = self._scaled(self._trusted(self.node_time(torch.cat([h, g[data.batch]], dim=-1)).squeeze(-1)
+                                                  + self.time_offset, device)) + device
             out["log_kernel_ms"] = log_node
-            out["log_phase_ms"] = self._queued(data, log_node, torch.exp(torch.tanh(self.host_scale(pooled))))
+            out["log_phase_ms"] = self._queued(data, log_node,
+                                               torch.exp(self._scaled(torch.tanh(self.host_scale(pooled)))))
             # per-node times that add up to their phase, as node_sum's do (what explain and the DDP overlap
             # read): each kernel's device time scaled to its phase of the queue
             group = data.batch * N_PHASES + data.phase
@@ -263,7 +269,7 @@ class StepTimeGNN(nn.Module):
             if self.cfg.target == "log_ratio_prior":
                 if self.cfg.trust_region:
                     log_node = self._trusted(log_node, self._hardware(data, "prior_device_log_ms"))
-                log_node = log_node + self._hardware(data, "prior_log_ms")
+                log_node = self._scaled(log_node) + self._hardware(data, "prior_log_ms")
             group = data.batch * N_PHASES + data.phase
             phase = scatter_logsumexp(log_node, group, n_graphs * N_PHASES).view(n_graphs, N_PHASES)
             out["log_node_ms"] = log_node
@@ -273,9 +279,14 @@ class StepTimeGNN(nn.Module):
                 group = data.batch * N_PHASES + data.phase
                 prior_phase = scatter_logsumexp(self._hardware(data, "prior_log_ms"), group,
                                                 n_graphs * N_PHASES).view(n_graphs, N_PHASES)
-                phase = phase + torch.where(torch.isfinite(prior_phase), prior_phase, torch.zeros_like(prior_phase))
+                phase = self._scaled(phase) + torch.where(torch.isfinite(prior_phase), prior_phase,
+                                                          torch.zeros_like(prior_phase))
         out["log_phase_ms"] = phase
         return out
+
+    def _scaled(self, correction: torch.Tensor) -> torch.Tensor:
+        """A log-correction to the prior times ``correction_scale`` (untouched at 1)."""
+        return correction if self.correction_scale == 1.0 else correction * self.correction_scale
 
     def _trusted(self, correction: torch.Tensor, prior_device_log_ms: torch.Tensor) -> torch.Tensor:
         """``correction`` (per-node log-ratio to the prior) faded beyond the longest training kernel

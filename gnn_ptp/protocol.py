@@ -39,7 +39,7 @@ import dataclasses
 import random
 import sys
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -390,7 +390,8 @@ def _variant_config(base, variant: str, budget: Budget, seed: int, test, val):
     patience = min(budget.patience or base.patience, epochs)
     return dataclasses.replace(base, model=model, epochs=epochs, patience=patience, seed=seed,
                                test_families=tuple(test), val_families=tuple(val),
-                               threads=budget.threads or base.threads)
+                               threads=budget.threads or base.threads,
+                               scale_on_validation=False)  # fit_predict scores the correction both ways
 
 
 def fit_predict(base, budget: Budget, seed: int, parts: dict, measured, log,
@@ -399,7 +400,7 @@ def fit_predict(base, budget: Budget, seed: int, parts: dict, measured, log,
     ms of ``parts["test"]``; also the ridge and the prior (refitted to the fold first, with ``refit``).
     Returns (predictions by name, info)."""
     from gnn_ptp.baselines import GraphTotalsRidge
-    from gnn_ptp.train import predict_samples, train
+    from gnn_ptp.train import choose_correction_scale, predict_samples, train
 
     test = parts["test"]
     out, info = {}, {}
@@ -412,9 +413,15 @@ def fit_predict(base, budget: Budget, seed: int, parts: dict, measured, log,
         start = time.perf_counter()
         everything = [x for part in parts.values() for x in part]
         result = train(cfg, None, None, log=lambda _: None, prepared=(measured, everything, split, parts))
-        out[variant] = predict_samples(result["model"], test)["pred_ms"][:, 3]
+        model = result["model"]
+        out[variant] = predict_samples(model, test)["pred_ms"][:, 3]
         info[variant] = {"best_epoch": result["best_epoch"], "val_mape": result["val_mape"],
                          "train_s": round(time.perf_counter() - start, 1)}
+        if variant == "gnn-prior":  # what `train` with scale_on_validation ships, from the same model
+            chosen, val_mapes = choose_correction_scale(model, parts["val"])
+            out[SCALED] = predict_samples(model, test)["pred_ms"][:, 3]
+            info[SCALED] = {"correction_scale": chosen,
+                            "val_mape": {f"{k:g}": round(v, 3) for k, v in val_mapes.items()}}
     ridge = GraphTotalsRidge().fit(parts["train"], parts["val"])
     out["ridge"] = ridge.predict_ms(test)[:, 3]
     out["prior"] = np.array([float(s.prior_log_ms.double().exp().sum()) for s in test])
@@ -428,6 +435,13 @@ HALF = "gnn-prior-half"
 before any run scored it (a fixed shrinkage, not tuned): where the GNN and the prior err independently,
 half the correction keeps what the GNN learnt that generalises and halves what it learnt of the training
 families alone."""
+
+
+SCALED = "gnn-prior-scaled"
+"""The residual GNN with its correction to the prior scaled by the factor of ``train.CORRECTION_SCALES``
+with the lowest step MAPE on the fold's validation families (``train.choose_correction_scale``): what a
+checkpoint trained with ``scale_on_validation`` answers. Declared before any run scored it (README
+*Protocol*, "The correction's scale")."""
 
 
 def _fold_record(test: list, pred: dict, true: np.ndarray) -> dict:
@@ -521,7 +535,7 @@ def score_groups(errors: dict[int, dict[str, np.ndarray]], rng, resamples: int) 
 
 
 def _predictors(budget: Budget) -> list[str]:
-    return [*budget.variants, *([HALF] if "gnn-prior" in budget.variants else []), "ridge", "prior"]
+    return [*budget.variants, *([HALF, SCALED] if "gnn-prior" in budget.variants else []), "ridge", "prior"]
 
 
 # --- the protocols ----------------------------------------------------------------------------------------
@@ -771,31 +785,38 @@ def format_result(r: dict) -> str:
     lines.append("")
     if r["protocol"] == "lofo":
         floor = r["noise_floor"]
-        lines.append(f"{'predictor':<12}{'mean MAPE':>10}  {'95% CI':<14}{'worst family':>22}  {'95% CI':<14}"
+        lines.append(f"{'predictor':<18}{'mean MAPE':>10}  {'95% CI':<14}{'worst family':>22}  {'95% CI':<14}"
                      f"{'pooled':>8}   noise floor {_pct(floor).strip()}")
         for p, sc in r["predictors"].items():
-            lines.append(f"{p:<12}{_pct(sc['mean_mape']):>10}  {_ci(sc['mean_ci95']):<14}"
+            lines.append(f"{p:<18}{_pct(sc['mean_mape']):>10}  {_ci(sc['mean_ci95']):<14}"
                          f"{sc['worst_family'] + ' ' + _pct(sc['worst_mape']).strip():>22}  {_ci(sc['worst_ci95']):<14}"
                          f"{_pct(sc['pooled_mape']):>8}")
         names = list(r["predictors"])
-        lines += ["", f"{'family':<20}{'n':>4}" + "".join(f"{p:>12}" for p in names) + f"{'noise floor':>13}"]
+        width = {p: max(12, len(p) + 2) for p in names}
+        lines += ["", f"{'family':<20}{'n':>4}" + "".join(f"{p:>{width[p]}}" for p in names) + f"{'noise floor':>13}"]
         for f in r["families"]:
             row = r["predictors"][names[0]]["per_group"][f]
-            lines.append(f"{f:<20}{row['n']:>4}" + "".join(f"{_pct(r['predictors'][p]['per_group'][f]['mape']):>12}"
-                                                          for p in names) + f"{_pct(row['noise_floor']):>13}")
+            lines.append(f"{f:<20}{row['n']:>4}" + "".join(
+                f"{_pct(r['predictors'][p]['per_group'][f]['mape']):>{width[p]}}" for p in names)
+                + f"{_pct(row['noise_floor']):>13}")
     elif r["protocol"] == "size":
         fold = r["folds"][0]
         lines.append(f"train: {fold['n_train']} configurations <= {fold['train_max_flops']:.3g} FLOPs "
                      f"(+{fold['n_val']} "
                      f"validation); test: {fold['n_test']} >= {r['size_factor']:g}x that "
                      f"({', '.join(fold['test_families'])})")
-        lines.append(f"{'predictor':<12}{'MAPE':>8}  {'95% CI':<14}   noise floor {_pct(r['noise_floor']).strip()}")
+        lines.append(f"{'predictor':<18}{'MAPE':>8}  {'95% CI':<14}   noise floor {_pct(r['noise_floor']).strip()}")
         for p, sc in r["predictors"].items():
-            lines.append(f"{p:<12}{_pct(sc['mape']):>8}  {_ci(sc['ci95']):<14}")
+            lines.append(f"{p:<18}{_pct(sc['mape']):>8}  {_ci(sc['ci95']):<14}")
     else:
         for pair, row in r["pairs"].items():
             lines.append(f"{pair} (n {row['n_test']}, noise floor {_pct(row['noise_floor']).strip()}): " + "  ".join(
                 f"{p} {_pct(v['mape']).strip()} {_ci(v['ci95'])}" for p, v in row["predictors"].items()))
+    scales = [f[SCALED]["correction_scale"] for f in r.get("folds", []) if SCALED in f]
+    if scales:
+        counts = sorted(Counter(scales).items())
+        lines += ["", f"{SCALED}: the factor on the correction chosen on each fold's validation families: "
+                  + ", ".join(f"{k:g} in {n}" for k, n in counts) + f" of {len(scales)} folds"]
     if r.get("ratios"):
         lines += ["", "ridge / gnn MAPE (target >= 1.5x): " + ", ".join(
             f"{k} {v:.2f}x" for k, v in r["ratios"].items() if v is not None)]

@@ -642,6 +642,11 @@ def test_a_checkpoint_s_expected_error_comes_from_its_held_out_families():
     assert "labels" not in held and "record" not in held["summary"]  # mean labels: as every earlier checkpoint
     fastest = predict_mod.checkpoint_error({**meta, "train": {"labels": "fastest"}}, "vgg")
     assert fastest["labels"] == "fastest" and "fastest record (the uncontended step)" in fastest["summary"]
+    assert "correction_scale" not in held and "scaled" not in held["summary"]  # factor 1: as learnt, unsaid
+    scaled = predict_mod.checkpoint_error({**meta, "correction_scale": {"chosen": 0.25}}, "vgg")
+    assert scaled["correction_scale"] == 0.25 and "scaled by 0.25, the factor its validation" in scaled["summary"]
+    alone = predict_mod.checkpoint_error({**meta, "correction_scale": {"chosen": 0.0}}, "vgg")
+    assert "scaled by 0, the factor its validation families chose (the prior alone)" in alone["summary"]
 
 
 def test_the_table_prints_a_checkpoint_s_expected_error(ckpt):

@@ -231,7 +231,7 @@ def test_lofo_holds_every_family_out_once_per_seed_and_scores_consistently(synth
     assert r["families"] == sorted(FAMILIES)
     assert [(f["seed"], f["test"]) for f in r["folds"]] == [(s, f) for s in (0, 1) for f in sorted(FAMILIES)]
     assert all(f["test"] not in f["val"] for f in r["folds"])
-    assert set(r["predictors"]) == {"gnn", "gnn-prior", protocol.HALF, "ridge", "prior"}
+    assert set(r["predictors"]) == {"gnn", "gnn-prior", protocol.HALF, protocol.SCALED, "ridge", "prior"}
     for p, sc in r["predictors"].items():
         per = {f: row["mape"] for f, row in sc["per_group"].items()}
         assert sc["mean_mape"] == pytest.approx(np.mean(list(per.values())))
@@ -274,6 +274,107 @@ def test_folds_keep_their_predictions_and_the_half_residual_is_the_geometric_mea
     for p, values in pred.items():  # the stored predictions give the scores (to their 4 digits)
         assert metrics.ape(np.array(values), true).mean() == pytest.approx(
             r["predictors"][p]["mean_mape"], rel=2e-3, abs=1e-3)
+
+
+# --- the correction's scale ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("readout", ["node_sum", "pool", "queue"])
+def test_a_correction_scale_of_zero_answers_the_prior_and_scales_the_log_correction(synthetic_dir, readout):
+    """``StepTimeGNN.correction_scale`` on a random SYNTHETIC residual model: 0 gives what a zeroed head gives
+    (the prior: node_sum and pool with no offset, queue with its host costs as priced), 1 the model as
+    learnt, and between them each node's (pool: each phase's) log-correction scales linearly."""
+    batch, _ = _batch(synthetic_dir, descriptor.stored_cpus()["amd-epyc"])
+    torch.manual_seed(0)
+    model = StepTimeGNN(ModelConfig(hidden=16, depth=1, readout=readout, target="log_ratio_prior")).eval()
+    model.time_offset.fill_(0.7)
+    if readout == "queue":
+        torch.nn.init.normal_(model.host_scale[-1].weight, std=0.5)
+    with torch.no_grad():
+        full = model(batch)
+        model.correction_scale = 0.5
+        half = model(batch)
+        model.correction_scale = 0.0
+        none = model(batch)
+        model.correction_scale = 1.0
+        assert torch.equal(model(batch)["log_phase_ms"], full["log_phase_ms"])
+        heads = [model.node_time[-1] if readout != "pool" else model.pool_time[-1]]
+        heads += [model.host_scale[-1]] if readout == "queue" else []
+        for head in heads:
+            torch.nn.init.zeros_(head.weight)
+            torch.nn.init.zeros_(head.bias)
+        model.time_offset.fill_(0.0)
+        zeroed = model(batch)
+    assert torch.allclose(none["log_phase_ms"], zeroed["log_phase_ms"], atol=1e-5)
+    assert not torch.allclose(full["log_phase_ms"], none["log_phase_ms"], atol=1e-2)
+    key = "log_phase_ms" if readout == "pool" else ("log_kernel_ms" if readout == "queue" else "log_node_ms")
+    assert torch.allclose(half[key], (full[key] + none[key]) / 2, atol=1e-5)
+
+
+RESIDUAL = dataclasses.replace(TINY, model=dataclasses.replace(TINY.model, target="log_ratio_prior",
+                                                               hardware_descriptor=True))
+
+
+def test_train_chooses_the_scale_on_validation_and_the_checkpoint_answers_with_it(synthetic_dir, tmp_path):
+    cfg = dataclasses.replace(RESIDUAL, scale_on_validation=True)
+    lines = []
+    result = train(cfg, synthetic_dir, tmp_path / "ckpt", log=lines.append)
+    scaling = result["correction_scale"]
+    val_mape = {float(k): v for k, v in scaling["val_mape"].items()}
+    assert sorted(val_mape) == sorted(protocol_scales()) and set(scaling["test_mape"]) == set(scaling["val_mape"])
+    best = min(val_mape.values())
+    assert scaling["chosen"] == min(k for k, v in val_mape.items() if v == best)  # the smaller on a tie
+    assert any(line.startswith(f"correction to the prior scaled by {scaling['chosen']:g}") for line in lines)
+    model, meta = checkpoint.load(tmp_path / "ckpt")
+    assert meta["correction_scale"] == json.loads(json.dumps(scaling)) and model.correction_scale == scaling["chosen"]
+    split = meta["split"]
+    measured = dataset.measured_configs(synthetic_dir)
+    samples = dataset.make_samples(measured, dataset.load_graphs(synthetic_dir, measured))
+    for part, figure in (("val", val_mape[scaling["chosen"]]), ("test", scaling["test_mape"][f"{scaling['chosen']:g}"])):
+        p = predict_samples(model, [s for s in samples if split[s.family] == part])
+        assert metrics.ape(p["pred_ms"][:, 3], p["true_ms"][:, 3]).mean() == pytest.approx(figure, rel=1e-4)
+    assert meta["metrics"]["test"]["overall"]["mape"] == pytest.approx(
+        scaling["test_mape"][f"{scaling['chosen']:g}"], rel=1e-4)
+    plain = train(RESIDUAL, synthetic_dir, None, log=lambda _: None)  # the same training without it: factor 1
+    assert "correction_scale" not in plain and plain["model"].correction_scale == 1.0
+    assert plain["val_mape"] == pytest.approx(result["val_mape"]) == pytest.approx(val_mape[1.0], rel=1e-4)
+
+
+def protocol_scales():
+    from gnn_ptp.train import CORRECTION_SCALES
+
+    return CORRECTION_SCALES
+
+
+def test_scale_on_validation_is_checked_and_a_damaged_factor_refused(synthetic_dir, tmp_path):
+    with pytest.raises(UserError, match=r'scale_on_validation = true scales a correction to the physical prior: '
+                                        r'it needs \[model\] target = "log_ratio_prior", not \'log_ms\''):
+        TrainConfig.from_dict({"scale_on_validation": True})
+    with pytest.raises(UserError, match="scale_on_validation = 'yes' must be true or false"):
+        TrainConfig.from_dict({"scale_on_validation": "yes", "model": {"target": "log_ratio_prior"}})
+    train(dataclasses.replace(RESIDUAL, scale_on_validation=True), synthetic_dir, tmp_path / "ckpt",
+          log=lambda _: None)
+    meta = json.loads((tmp_path / "ckpt" / "meta.json").read_text())
+    meta["correction_scale"]["chosen"] = 2.0
+    (tmp_path / "ckpt" / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(UserError, match=r"correction_scale.chosen = 2.0 is not a factor between 0 and 1"):
+        checkpoint.load(tmp_path / "ckpt")
+
+
+@pytest.mark.parametrize("scales,same_as", [((0.0,), "prior"), ((1.0,), "gnn-prior")])
+def test_the_scaled_residual_of_a_fold_is_the_prior_at_zero_and_the_residual_at_one(synthetic_dir, monkeypatch,
+                                                                                     scales, same_as):
+    from gnn_ptp import train as train_mod
+
+    monkeypatch.setattr(train_mod, "CORRECTION_SCALES", scales)
+    budget = dataclasses.replace(BUDGET, seeds=(0,), families=(FAMILIES[0],), variants=("gnn-prior",))
+    r = protocol.run("lofo", synthetic_dir, dataclasses.replace(RESIDUAL, scale_on_validation=True), budget,
+                     log=lambda _: None)
+    fold, = r["folds"]
+    assert fold[protocol.SCALED]["correction_scale"] == scales[0]
+    assert np.array(fold["pred_ms"][protocol.SCALED]) == pytest.approx(np.array(fold["pred_ms"][same_as]), rel=2e-3)
+    assert f"{protocol.SCALED}: the factor on the correction chosen on each fold's validation families: " \
+           f"{scales[0]:g} in 1 of 1 folds" in protocol.format_result(r)
 
 
 PARALLEL_SCRIPT = """
@@ -338,7 +439,7 @@ def test_size_protocol_reports_the_split_and_every_predictor(synthetic_dir, monk
     r = protocol.run("size", synthetic_dir, TINY, BUDGET, log=lambda _: None)
     fold = r["folds"][0]
     assert fold["test_min_flops"] >= 1.5 * fold["train_max_flops"]
-    assert set(r["predictors"]) == {"gnn", "gnn-prior", protocol.HALF, "ridge", "prior"}
+    assert set(r["predictors"]) == {"gnn", "gnn-prior", protocol.HALF, protocol.SCALED, "ridge", "prior"}
     assert all(sc["n"] == fold["n_test"] and sc["ci95"][0] <= sc["ci95"][1] for sc in r["predictors"].values())
     assert "size" in protocol.format_result(r)
 
@@ -355,7 +456,8 @@ def test_hardware_protocol_trains_on_one_synthetic_cpu_and_tests_on_the_other(tw
     assert set(r["pairs"]) == {"amd-epyc -> synthetic-slow-cpu", "synthetic-slow-cpu -> amd-epyc"}
     assert r["kinds"] == {"amd-epyc": 24, "synthetic-slow-cpu": 24}
     for row in r["pairs"].values():
-        assert set(row["predictors"]) == {"gnn", "gnn-prior", protocol.HALF, "ridge", "prior"} and row["n_test"] == 24
+        assert row["n_test"] == 24
+        assert set(row["predictors"]) == {"gnn", "gnn-prior", protocol.HALF, protocol.SCALED, "ridge", "prior"}
     text = protocol.format_result(r)
     assert "amd-epyc -> synthetic-slow-cpu" in text
 
@@ -398,7 +500,7 @@ def test_cli_protocol_json_and_the_one_kind_refusal(synthetic_dir, capsys, monke
     assert code == 0
     r = json.loads(capsys.readouterr().out)
     assert r["families"] == [FAMILIES[0], FAMILIES[1]]
-    assert set(r["predictors"]) == {"gnn-prior", protocol.HALF, "ridge", "prior"}
+    assert set(r["predictors"]) == {"gnn-prior", protocol.HALF, protocol.SCALED, "ridge", "prior"}
     code = cli.main(["evaluate", "--protocol", "hardware", "--data", str(synthetic_dir)])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1
