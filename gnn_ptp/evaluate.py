@@ -131,7 +131,7 @@ def evaluate(checkpoint_dir: str | Path, data_dir: str | Path, split: str = "tes
     if moved_from:
         result["prior_moved"] = moved_from
     result.update(checkpoint=str(checkpoint_dir), data=str(data_dir), split=split, hardware=meta["hardware"],
-                  labels=labels, held_out_families=sorted(set(families)) if split == "test" else None,
+                  labels=labels, correction_scale=model.correction_scale, held_out_families=sorted(set(families)) if split == "test" else None,
                   trained_on_data_hash=meta.get("data_hash"), data_hash=data_hash)
     if plot:
         parity_plot(p["pred_ms"][:, 3], true_ms, precisions, plot,
@@ -182,6 +182,9 @@ def format_table(r: dict) -> str:
     lines = [head]
     if r.get("labels", "mean") != "mean":
         lines.append(f"labels: each configuration's {r['labels']} record, as the checkpoint was trained on")
+    if r.get("correction_scale", 1.0) != 1.0:
+        lines.append(f"gnn: its learnt correction to the prior scaled by {r['correction_scale']:g}, the factor its "
+                     "validation families chose (the roofline row is the prior alone)")
     if r.get("prior_moved"):
         m = r["prior_moved"]
         lines.append(f"gnn priced over the prior of {m['from']} (the kind it was trained on) moved to "

@@ -340,6 +340,21 @@ def test_train_chooses_the_scale_on_validation_and_the_checkpoint_answers_with_i
     assert plain["val_mape"] == pytest.approx(result["val_mape"]) == pytest.approx(val_mape[1.0], rel=1e-4)
 
 
+def test_evaluate_scores_a_scaled_checkpoint_as_it_answers_and_says_so(synthetic_dir, tmp_path):
+    from gnn_ptp.evaluate import evaluate, format_table
+
+    train(dataclasses.replace(RESIDUAL, scale_on_validation=True), synthetic_dir, tmp_path / "ckpt",
+          log=lambda _: None)
+    meta = json.loads((tmp_path / "ckpt" / "meta.json").read_text())
+    chosen = meta["correction_scale"]["chosen"]
+    meta["correction_scale"]["chosen"] = chosen = 0.5 if chosen == 1.0 else chosen  # a factor the table names
+    (tmp_path / "ckpt" / "meta.json").write_text(json.dumps(meta))
+    r = evaluate(tmp_path / "ckpt", synthetic_dir, log=lambda _: None)
+    assert r["correction_scale"] == chosen
+    assert r["overall"]["mape"] == pytest.approx(meta["correction_scale"]["test_mape"][f"{chosen:g}"], rel=1e-4)
+    assert f"gnn: its learnt correction to the prior scaled by {chosen:g}, the factor its validation" in format_table(r)
+
+
 def protocol_scales():
     from gnn_ptp.train import CORRECTION_SCALES
 
