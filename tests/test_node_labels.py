@@ -321,9 +321,10 @@ def test_node_label_config_is_the_shipped_config_plus_node_weight():
 
 def test_the_shipped_residual_config_is_the_node_label_config_over_the_prior():
     """training/cpu_nodes_prior.toml (checkpoints/cpu since 2026-11-26) differs from training/cpu_nodes.toml
-    only in the model's target and hardware descriptor, and since the thirty-eighth session in its labels
-    (each configuration's fastest record), so the README's comparison of the two checkpoints is of the
-    residual over the prior on the uncontended step; the shipped checkpoint was trained with it."""
+    only in the model's target and hardware descriptor, since the thirty-eighth session in its labels
+    (each configuration's fastest record) and since the thirty-ninth in scaling its correction on the
+    validation families, so the README's comparison of the two checkpoints is of the residual over the prior
+    on the uncontended step; the shipped checkpoint was trained with it and answers with its factor."""
     import dataclasses
     import json
 
@@ -336,10 +337,18 @@ def test_the_shipped_residual_config_is_the_node_label_config_over_the_prior():
     plain = dataclasses.replace(residual.model, target=nodes.model.target,
                                 hardware_descriptor=nodes.model.hardware_descriptor)
     assert residual.labels == "fastest" and nodes.labels == "mean"
-    assert dataclasses.replace(residual, model=plain, labels=nodes.labels) == nodes
+    assert residual.scale_on_validation and not nodes.scale_on_validation
+    assert dataclasses.replace(residual, model=plain, labels=nodes.labels, scale_on_validation=False) == nodes
     meta = json.loads((REPO / "checkpoints" / "cpu" / "meta.json").read_text())
     assert meta["model"]["target"] == "log_ratio_prior" and meta["model"]["hardware_descriptor"]
     assert meta["train"]["node_weight"] == residual.node_weight and meta["train"]["labels"] == residual.labels
+    assert meta["train"]["scale_on_validation"] is True
+    from gnn_ptp import checkpoint
+    from gnn_ptp.train import CORRECTION_SCALES
+
+    scaling = meta["correction_scale"]
+    assert scaling["chosen"] in CORRECTION_SCALES and checkpoint.correction_scale(meta) == scaling["chosen"]
+    assert scaling["val_mape"][f"{scaling['chosen']:g}"] == min(scaling["val_mape"].values())
 
 
 def test_node_seconds_less_the_profilers_cost_on_a_real_harvest(harvested, labelled):
