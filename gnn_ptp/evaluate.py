@@ -131,7 +131,8 @@ def evaluate(checkpoint_dir: str | Path, data_dir: str | Path, split: str = "tes
     if moved_from:
         result["prior_moved"] = moved_from
     result.update(checkpoint=str(checkpoint_dir), data=str(data_dir), split=split, hardware=meta["hardware"],
-                  labels=labels, correction_scale=model.correction_scale, held_out_families=sorted(set(families)) if split == "test" else None,
+                  labels=labels, correction_scale=model.correction_scale,
+                  held_out_families=sorted(set(families)) if split == "test" else None,
                   trained_on_data_hash=meta.get("data_hash"), data_hash=data_hash)
     if plot:
         parity_plot(p["pred_ms"][:, 3], true_ms, precisions, plot,

@@ -85,7 +85,8 @@ class TrainConfig:
         if self.labels not in dataset.LABEL_STATS:
             raise UserError(f"training config: labels = {self.labels!r}; allowed: {', '.join(dataset.LABEL_STATS)}")
         if not isinstance(self.scale_on_validation, bool):
-            raise UserError(f"training config: scale_on_validation = {self.scale_on_validation!r} must be true or false")
+            raise UserError(f"training config: scale_on_validation = {self.scale_on_validation!r} must be true "
+                            "or false")
         if self.scale_on_validation and self.model.target != "log_ratio_prior":
             raise UserError("training config: scale_on_validation = true scales a correction to the physical prior: "
                             f"it needs [model] target = \"log_ratio_prior\", not {self.model.target!r}")

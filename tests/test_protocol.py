@@ -330,7 +330,8 @@ def test_train_chooses_the_scale_on_validation_and_the_checkpoint_answers_with_i
     split = meta["split"]
     measured = dataset.measured_configs(synthetic_dir)
     samples = dataset.make_samples(measured, dataset.load_graphs(synthetic_dir, measured))
-    for part, figure in (("val", val_mape[scaling["chosen"]]), ("test", scaling["test_mape"][f"{scaling['chosen']:g}"])):
+    chosen_test = scaling["test_mape"][f"{scaling['chosen']:g}"]
+    for part, figure in (("val", val_mape[scaling["chosen"]]), ("test", chosen_test)):
         p = predict_samples(model, [s for s in samples if split[s.family] == part])
         assert metrics.ape(p["pred_ms"][:, 3], p["true_ms"][:, 3]).mean() == pytest.approx(figure, rel=1e-4)
     assert meta["metrics"]["test"]["overall"]["mape"] == pytest.approx(
