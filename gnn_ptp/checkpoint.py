@@ -60,6 +60,14 @@ def correction_scale(meta: dict, path="checkpoint") -> float:
     return float(chosen)
 
 
+def scale_note(scale: float) -> str:
+    """What answers for a checkpoint whose learnt correction is scaled (``correction_scale``), in one wording
+    for ``predict``'s expected error and ``evaluate``'s table; empty at factor 1."""
+    if scale == 1.0:
+        return ""
+    return f"its learnt correction to the prior scaled by {scale:g}, the factor its validation families chose"
+
+
 def load(path: str | Path):
     """Return ``(model, meta)``; the model is in eval mode."""
     from gnn_ptp.graph import FEATURE_VERSION

@@ -183,9 +183,9 @@ def format_table(r: dict) -> str:
     lines = [head]
     if r.get("labels", "mean") != "mean":
         lines.append(f"labels: each configuration's {r['labels']} record, as the checkpoint was trained on")
-    if r.get("correction_scale", 1.0) != 1.0:
-        lines.append(f"gnn: its learnt correction to the prior scaled by {r['correction_scale']:g}, the factor its "
-                     "validation families chose (the roofline row is the prior alone)")
+    scaled = checkpoint.scale_note(r.get("correction_scale", 1.0))
+    if scaled:
+        lines.append(f"gnn: {scaled} (the roofline row is the prior alone)")
     if r.get("prior_moved"):
         m = r["prior_moved"]
         lines.append(f"gnn priced over the prior of {m['from']} (the kind it was trained on) moved to "

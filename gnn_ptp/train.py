@@ -187,17 +187,24 @@ def _step_mape(model, samples) -> float:
     return float(metrics.ape(p["pred_ms"][:, 3], p["true_ms"][:, 3]).mean())
 
 
-def choose_correction_scale(model: StepTimeGNN, val: list, scales=None) -> tuple[float, dict]:
-    """The factor of ``scales`` on ``model``'s correction to the prior with the lowest step MAPE on ``val``
-    (the smaller factor on a tie: the nearer the prior), and each factor's MAPE there. Leaves
-    ``model.correction_scale`` at the chosen factor."""
-    mapes = {}
-    for scale in scales or CORRECTION_SCALES:
+def mape_by_scale(model: StepTimeGNN, samples: list) -> dict[float, float]:
+    """Step MAPE on ``samples`` at each factor of ``CORRECTION_SCALES`` on ``model``'s correction to the
+    prior; ``model.correction_scale`` is left as it was."""
+    kept, mapes = model.correction_scale, {}
+    for scale in CORRECTION_SCALES:
         model.correction_scale = float(scale)
-        mapes[float(scale)] = _step_mape(model, val)
-    chosen = min(mapes, key=lambda k: (mapes[k], k))
-    model.correction_scale = chosen
-    return chosen, mapes
+        mapes[float(scale)] = _step_mape(model, samples)
+    model.correction_scale = kept
+    return mapes
+
+
+def choose_correction_scale(model: StepTimeGNN, val: list) -> tuple[float, dict]:
+    """The factor on ``model``'s correction to the prior with the lowest step MAPE on ``val`` (the smaller
+    factor on a tie: the nearer the prior), and each factor's MAPE there (``mape_by_scale``). Leaves
+    ``model.correction_scale`` at the chosen factor."""
+    mapes = mape_by_scale(model, val)
+    model.correction_scale = min(mapes, key=lambda k: (mapes[k], k))
+    return model.correction_scale, mapes
 
 
 def train_ranges(samples: list) -> dict:
@@ -315,12 +322,8 @@ def train(cfg: TrainConfig, data_dir: str | Path, out: str | Path | None, logger
     scaling = None
     if cfg.scale_on_validation:
         chosen, val_mapes = choose_correction_scale(model, parts["val"])
-        test_mapes = {}
-        for scale in val_mapes:  # every factor's figure on the held-out families, for the record: not chosen on
-            if parts["test"]:
-                model.correction_scale = scale
-                test_mapes[scale] = _step_mape(model, parts["test"])
-        model.correction_scale = chosen
+        # every factor's figure on the held-out families, for the record: not chosen on
+        test_mapes = mape_by_scale(model, parts["test"]) if parts["test"] else {}
         scaling = {"chosen": chosen, "val_mape": {f"{k:g}": v for k, v in val_mapes.items()},
                    "test_mape": {f"{k:g}": v for k, v in test_mapes.items()}}
         log(f"correction to the prior scaled by {chosen:g} (validation MAPE by factor: "
