@@ -68,6 +68,11 @@ class ModelConfig:
     kernels longer than any the model was trained on (the prior's device time beyond the training nodes'
     longest, ``trust_log_ms``, by a sigmoid of width ``TRUST_FADE``), so that a step larger than every
     training step is priced by the prior where the GNN has no data. Declared before it was scored."""
+    trust_by_category: bool = False
+    """With trust_region: each node's boundary is the longest training kernel of its own op category
+    (``ops.CATEGORIES``: a convolution against the longest training convolution, a norm against the longest
+    norm), not the longest kernel of any kind; a category no training step holds keeps no correction.
+    Declared before it was scored (README *Protocol*, "A trust region per kind of kernel")."""
     hardware_descriptor: bool = False
     """Feed the hardware's descriptor (peak GEMM rate per dtype, vector rate, bandwidth, launch floor, GPU
     flag; gnn_ptp/descriptor.py) to the model, added to the graph-level embedding every node sees, so one
@@ -78,7 +83,7 @@ class ModelConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):
                 raise UserError(f"model {name} = {value!r} must be an integer")
-        for name in ("hardware_descriptor", "trust_region"):
+        for name in ("hardware_descriptor", "trust_region", "trust_by_category"):
             if not isinstance(getattr(self, name), bool):
                 raise UserError(f"model {name} = {getattr(self, name)!r} must be true or false")
         for name, allowed in (("layer", LAYERS), ("norm", NORMS), ("readout", READOUTS), ("target", TARGETS)):
@@ -96,6 +101,9 @@ class ModelConfig:
         if self.trust_region and (self.target != "log_ratio_prior" or self.readout == "pool"):
             raise UserError("model trust_region fades per-node corrections to the prior: it needs target "
                             "\"log_ratio_prior\" and readout \"node_sum\" or \"queue\"")
+        if self.trust_by_category and not self.trust_region:
+            raise UserError("model trust_by_category sets where trust_region fades corrections: it needs "
+                            "trust_region = true")
         if self.readout == "queue" and self.target != "log_ratio_prior":
             raise UserError(f"model readout \"queue\" corrects the prior's kernel times: it needs target "
                             f"\"log_ratio_prior\", not {self.target!r}")
@@ -177,8 +185,9 @@ class StepTimeGNN(nn.Module):
             nn.init.zeros_(self.host_scale[-1].bias)
         self.register_buffer("time_offset", torch.zeros(()))
         self.register_buffer("memory_offset", torch.zeros(()))
-        if cfg.trust_region:
-            self.register_buffer("trust_log_ms", torch.tensor(math.inf))
+        if cfg.trust_region:  # one boundary, or one per op category (trust_by_category)
+            shape = (len(ops.CATEGORIES),) if cfg.trust_by_category else ()
+            self.register_buffer("trust_log_ms", torch.full(shape, math.inf))
 
     def set_offsets(self, log_time: float, log_nodes: float, log_memory: float) -> None:
         """Start predictions near the data: per-node log-times sum to the mean phase time."""
@@ -254,7 +263,7 @@ class StepTimeGNN(nn.Module):
         if self.cfg.readout == "queue":
             device = self._hardware(data, "prior_device_log_ms")
             log_node = self._scaled(self._trusted(self.node_time(torch.cat([h, g[data.batch]], dim=-1)).squeeze(-1)
-                                                  + self.time_offset, device)) + device
+                                                  + self.time_offset, device, data.x_cat)) + device
             out["log_kernel_ms"] = log_node
             out["log_phase_ms"] = self._queued(data, log_node,
                                                torch.exp(self._scaled(torch.tanh(self.host_scale(pooled)))))
@@ -268,7 +277,7 @@ class StepTimeGNN(nn.Module):
             log_node = self.node_time(torch.cat([h, g[data.batch]], dim=-1)).squeeze(-1) + self.time_offset
             if self.cfg.target == "log_ratio_prior":
                 if self.cfg.trust_region:
-                    log_node = self._trusted(log_node, self._hardware(data, "prior_device_log_ms"))
+                    log_node = self._trusted(log_node, self._hardware(data, "prior_device_log_ms"), data.x_cat)
                 log_node = self._scaled(log_node) + self._hardware(data, "prior_log_ms")
             group = data.batch * N_PHASES + data.phase
             phase = scatter_logsumexp(log_node, group, n_graphs * N_PHASES).view(n_graphs, N_PHASES)
@@ -288,12 +297,15 @@ class StepTimeGNN(nn.Module):
         """A log-correction to the prior times ``correction_scale`` (untouched at 1)."""
         return correction if self.correction_scale == 1.0 else correction * self.correction_scale
 
-    def _trusted(self, correction: torch.Tensor, prior_device_log_ms: torch.Tensor) -> torch.Tensor:
-        """``correction`` (per-node log-ratio to the prior) faded beyond the longest training kernel
-        (``trust_region``); unchanged without it."""
+    def _trusted(self, correction: torch.Tensor, prior_device_log_ms: torch.Tensor,
+                 x_cat: torch.Tensor) -> torch.Tensor:
+        """``correction`` (per-node log-ratio to the prior) faded beyond the longest training kernel, or the
+        longest of the node's op category (``x_cat[:, 1]``) with ``trust_by_category`` (``trust_region``);
+        unchanged without it."""
         if not self.cfg.trust_region:
             return correction
-        return correction * torch.sigmoid((self.trust_log_ms - prior_device_log_ms) / TRUST_FADE)
+        boundary = self.trust_log_ms[x_cat[:, 1]] if self.cfg.trust_by_category else self.trust_log_ms
+        return correction * torch.sigmoid((boundary - prior_device_log_ms) / TRUST_FADE)
 
     def _queued(self, data, log_node_ms: torch.Tensor, host_scale: torch.Tensor) -> torch.Tensor:
         """[G, 3] log phase ms: each graph's corrected kernel times through the prior's launch queue

@@ -207,6 +207,20 @@ def choose_correction_scale(model: StepTimeGNN, val: list) -> tuple[float, dict]
     return model.correction_scale, mapes
 
 
+def trust_boundary(samples: list, by_category: bool = False) -> torch.Tensor:
+    """Where ``trust_region`` fades a correction: the longest kernel of ``samples`` by the prior's device
+    time (log ms), or with ``by_category`` the longest of each op category (``ops.CATEGORIES``; -inf for a
+    category none of them holds: no trusted correction there)."""
+    if not by_category:
+        return torch.tensor(float(max(s.prior_device_log_ms.max() for s in samples)))
+    from gnn_ptp import ops
+
+    out = torch.full((len(ops.CATEGORIES),), -math.inf)
+    for s in samples:
+        out.scatter_reduce_(0, s.x_cat[:, 1], s.prior_device_log_ms.float(), reduce="amax")
+    return out
+
+
 def train_ranges(samples: list) -> dict:
     """What the training graphs looked like: graph-feature ranges and the ops seen (for OOD checks)."""
     u = torch.cat([s.u for s in samples])
@@ -274,7 +288,7 @@ def train(cfg: TrainConfig, data_dir: str | Path, out: str | Path | None, logger
 
         model.descriptor = descriptor.of_samples(parts["train"])
         if cfg.model.trust_region:  # the longest kernel the training steps hold, by the prior's device time
-            model.trust_log_ms.fill_(float(max(s.prior_device_log_ms.max() for s in parts["train"])))
+            model.trust_log_ms.copy_(trust_boundary(parts["train"], cfg.model.trust_by_category))
         if cfg.model.readout == "queue":  # start at the prior's own kernel times and host costs
             model.time_offset.fill_(0.0)
         elif cfg.model.target == "log_ratio_prior":  # start at the prior times the data's mean ratio to it

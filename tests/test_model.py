@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 
+from gnn_ptp import ops
 from gnn_ptp.errors import UserError
 from gnn_ptp.model import LAYERS, NORMS, READOUTS, ModelConfig, StepTimeGNN, log_total, scatter_logsumexp
 
@@ -302,6 +303,42 @@ def test_trust_region_fades_corrections_beyond_the_longest_training_kernel(reado
     assert (at[longer] < 0.5).all() and (at[device < device[0] - 1e-6] > 0.5).all()
 
 
+@pytest.mark.parametrize("readout", ["node_sum", "queue"])
+def test_trust_by_category_fades_each_node_against_its_own_category(readout):
+    """With trust_by_category a node's boundary is its op category's: a category whose boundary lies far
+    beyond its kernels keeps the full correction, one far below gets the prior's time, whatever the other
+    categories' boundaries are."""
+    from gnn_ptp import descriptor
+
+    torch.manual_seed(0)
+    batch, _ = _priced_batch(("a1", "b2"))
+    cfg = dict(hidden=16, depth=1, readout=readout, target="log_ratio_prior", hardware_descriptor=True)
+    plain = StepTimeGNN(ModelConfig(**cfg)).eval()
+    trusted = StepTimeGNN(ModelConfig(**cfg, trust_region=True, trust_by_category=True)).eval()
+    assert trusted.trust_log_ms.shape == (len(ops.CATEGORIES),)
+    trusted.load_state_dict({**plain.state_dict(), "trust_log_ms": torch.zeros(len(ops.CATEGORIES))})
+    for m in (plain, trusted):
+        m.descriptor = descriptor.GPU_DESCRIPTORS["h100"]
+    device = batch.prior_device_log_ms
+    base = batch.prior_log_ms if readout == "node_sum" else device
+    key = "log_node_ms" if readout == "node_sum" else "log_kernel_ms"
+    category = batch.x_cat[:, 1]
+    kept = int(category[0])  # one category trusted everywhere, every other one nowhere
+    assert (category != kept).any()
+    boundary = torch.full((len(ops.CATEGORIES),), float(device.min()) - 20 * math.log(2))
+    boundary[kept] = float(device.max()) + 20 * math.log(2)
+    trusted.trust_log_ms.copy_(boundary)
+    with torch.no_grad():
+        full = plain(batch)[key] - base
+        ratio = (trusted(batch)[key] - base) / full
+    mine = category == kept
+    assert (ratio[mine] - 1).abs().max() < 1e-4
+    assert ratio[~mine].abs().max() < 1e-4
+    with torch.no_grad():  # a category no training step held (-inf) has no correction
+        trusted.trust_log_ms.fill_(-math.inf)
+        assert (trusted(batch)[key] - base).abs().max() < 1e-5
+
+
 def test_trust_region_needs_a_per_node_residual():
     with pytest.raises(UserError, match="trust_region"):
         ModelConfig(trust_region=True)
@@ -309,3 +346,7 @@ def test_trust_region_needs_a_per_node_residual():
         ModelConfig(trust_region="false", target="log_ratio_prior")
     with pytest.raises(UserError, match="trust_region"):
         ModelConfig(trust_region=True, target="log_ratio_prior", readout="pool")
+    with pytest.raises(UserError, match="trust_by_category .*trust_region = true"):
+        ModelConfig(trust_by_category=True, target="log_ratio_prior")
+    with pytest.raises(UserError, match="trust_by_category"):
+        ModelConfig(trust_region=True, trust_by_category="yes", target="log_ratio_prior")

@@ -234,6 +234,29 @@ def test_trust_region_boundary_is_the_longest_training_kernel_and_is_saved(synth
     assert float(model.trust_log_ms) == pytest.approx(longest)
 
 
+def test_trust_by_category_boundaries_are_each_categorys_longest_training_kernel(synthetic_dir, tmp_path):
+    from gnn_ptp import ops
+    from gnn_ptp.train import prepare
+
+    trusted = dataclasses.replace(SMALL, model=dataclasses.replace(
+        SMALL.model, target="log_ratio_prior", hardware_descriptor=True, trust_region=True, trust_by_category=True))
+    result = train(trusted, synthetic_dir, tmp_path / "ckpt", log=_quiet())
+    _, _, _, parts = prepare(synthetic_dir, trusted, _quiet())
+    expected = {}
+    for s in parts["train"]:
+        for c, t in zip(s.x_cat[:, 1].tolist(), s.prior_device_log_ms.tolist()):
+            expected[c] = max(expected.get(c, -math.inf), t)
+    assert len(expected) > 1  # several categories, so a single boundary would differ
+    model, _ = checkpoint.load(tmp_path / "ckpt")
+    for m in (result["model"], model):
+        for c, name in enumerate(ops.CATEGORIES):
+            if c in expected:
+                assert float(m.trust_log_ms[c]) == pytest.approx(expected[c], rel=1e-5), name
+            else:
+                assert float(m.trust_log_ms[c]) == -math.inf, name
+    assert float(model.trust_log_ms.max()) == pytest.approx(max(expected.values()), rel=1e-5)
+
+
 def test_missing_checkpoint_is_a_user_error(tmp_path):
     with pytest.raises(UserError, match="no checkpoint at"):
         checkpoint.load(tmp_path / "nothing-here")
