@@ -585,9 +585,6 @@ def test_the_h200_protocol_config_is_the_shipped_h200_config_without_its_split()
     shipped = tomllib.loads((training / "h200.toml").read_text())
     protocol_cfg = tomllib.loads((training / "protocol_h200.toml").read_text())
     assert shipped.pop("test_families") and shipped.pop("val_families")
-    # the protocol scores the correction scaled on validation as its own row (gnn-prior-scaled) from the same
-    # model, whatever the config says, so the shipped config's switch is no difference in what is judged
-    assert shipped.pop("scale_on_validation") is True
     assert shipped == protocol_cfg
 
 
