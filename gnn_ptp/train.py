@@ -287,7 +287,7 @@ def train(cfg: TrainConfig, data_dir: str | Path, out: str | Path | None, logger
         from gnn_ptp import descriptor
 
         model.descriptor = descriptor.of_samples(parts["train"])
-        if cfg.model.trust_region:  # the longest kernel the training steps hold, by the prior's device time
+        if cfg.model.trust_region:  # the longest training kernel (of each op category), by the prior's device time
             model.trust_log_ms.copy_(trust_boundary(parts["train"], cfg.model.trust_by_category))
         if cfg.model.readout == "queue":  # start at the prior's own kernel times and host costs
             model.time_offset.fill_(0.0)

@@ -270,23 +270,30 @@ def test_queue_readout_needs_the_residual_target():
         ModelConfig(readout="queue")
 
 
-@pytest.mark.parametrize("readout", ["node_sum", "queue"])
-def test_trust_region_fades_corrections_beyond_the_longest_training_kernel(readout):
-    """A kernel far longer than any the model trained on gets the prior's time (its correction faded to
-    nothing); one far shorter keeps the full correction; the fade is half at the boundary."""
+def _trust_pair(readout: str, **trust):
+    """A priced batch, a residual model and the same weights with ``trust_region`` (and ``trust``), the
+    per-node times the correction moves (``base``) and the output that holds them (``key``)."""
     from gnn_ptp import descriptor
 
     torch.manual_seed(0)
     batch, _ = _priced_batch(("a1", "b2"))
     cfg = dict(hidden=16, depth=1, readout=readout, target="log_ratio_prior", hardware_descriptor=True)
     plain = StepTimeGNN(ModelConfig(**cfg)).eval()
-    trusted = StepTimeGNN(ModelConfig(**cfg, trust_region=True)).eval()
-    trusted.load_state_dict({**plain.state_dict(), "trust_log_ms": torch.tensor(0.0)})
+    trusted = StepTimeGNN(ModelConfig(**cfg, trust_region=True, **trust)).eval()
+    trusted.load_state_dict({**plain.state_dict(), "trust_log_ms": trusted.trust_log_ms.clone()})
     for m in (plain, trusted):
         m.descriptor = descriptor.GPU_DESCRIPTORS["h100"]
-    device = batch.prior_device_log_ms
-    base = batch.prior_log_ms if readout == "node_sum" else device
+    base = batch.prior_log_ms if readout == "node_sum" else batch.prior_device_log_ms
     key = "log_node_ms" if readout == "node_sum" else "log_kernel_ms"  # the corrected times
+    return batch, plain, trusted, base, key
+
+
+@pytest.mark.parametrize("readout", ["node_sum", "queue"])
+def test_trust_region_fades_corrections_beyond_the_longest_training_kernel(readout):
+    """A kernel far longer than any the model trained on gets the prior's time (its correction faded to
+    nothing); one far shorter keeps the full correction; the fade is half at the boundary."""
+    batch, plain, trusted, base, key = _trust_pair(readout)
+    device = batch.prior_device_log_ms
     with torch.no_grad():
         full = plain(batch)[key] - base
 
@@ -308,20 +315,9 @@ def test_trust_by_category_fades_each_node_against_its_own_category(readout):
     """With trust_by_category a node's boundary is its op category's: a category whose boundary lies far
     beyond its kernels keeps the full correction, one far below gets the prior's time, whatever the other
     categories' boundaries are."""
-    from gnn_ptp import descriptor
-
-    torch.manual_seed(0)
-    batch, _ = _priced_batch(("a1", "b2"))
-    cfg = dict(hidden=16, depth=1, readout=readout, target="log_ratio_prior", hardware_descriptor=True)
-    plain = StepTimeGNN(ModelConfig(**cfg)).eval()
-    trusted = StepTimeGNN(ModelConfig(**cfg, trust_region=True, trust_by_category=True)).eval()
+    batch, plain, trusted, base, key = _trust_pair(readout, trust_by_category=True)
     assert trusted.trust_log_ms.shape == (len(ops.CATEGORIES),)
-    trusted.load_state_dict({**plain.state_dict(), "trust_log_ms": torch.zeros(len(ops.CATEGORIES))})
-    for m in (plain, trusted):
-        m.descriptor = descriptor.GPU_DESCRIPTORS["h100"]
     device = batch.prior_device_log_ms
-    base = batch.prior_log_ms if readout == "node_sum" else device
-    key = "log_node_ms" if readout == "node_sum" else "log_kernel_ms"
     category = batch.x_cat[:, 1]
     kept = int(category[0])  # one category trusted everywhere, every other one nowhere
     assert (category != kept).any()
