@@ -60,12 +60,21 @@ def correction_scale(meta: dict, path="checkpoint") -> float:
     return float(chosen)
 
 
-def scale_note(scale: float) -> str:
+def scale_source(meta: dict) -> str:
+    """Who chose a scaled checkpoint's factor: "validation" (``scale_on_validation``; checkpoints from before
+    the field existed) or "config" (a fixed ``correction_scale`` in its training config)."""
+    scaling = meta.get("correction_scale")
+    return scaling.get("chosen_by", "validation") if isinstance(scaling, dict) else "validation"
+
+
+def scale_note(scale: float, by: str = "validation") -> str:
     """What answers for a checkpoint whose learnt correction is scaled (``correction_scale``), in one wording
     for ``predict``'s expected error and ``evaluate``'s table; empty at factor 1."""
     if scale == 1.0:
         return ""
-    return f"its learnt correction to the prior scaled by {scale:g}, the factor its validation families chose"
+    whose = ("the fixed factor of its training config" if by == "config"
+             else "the factor its validation families chose")
+    return f"its learnt correction to the prior scaled by {scale:g}, {whose}"
 
 
 def load(path: str | Path):

@@ -132,6 +132,7 @@ def evaluate(checkpoint_dir: str | Path, data_dir: str | Path, split: str = "tes
         result["prior_moved"] = moved_from
     result.update(checkpoint=str(checkpoint_dir), data=str(data_dir), split=split, hardware=meta["hardware"],
                   labels=labels, correction_scale=model.correction_scale,
+                  correction_scale_by=checkpoint.scale_source(meta),
                   held_out_families=sorted(set(families)) if split == "test" else None,
                   trained_on_data_hash=meta.get("data_hash"), data_hash=data_hash)
     if plot:
@@ -183,7 +184,7 @@ def format_table(r: dict) -> str:
     lines = [head]
     if r.get("labels", "mean") != "mean":
         lines.append(f"labels: each configuration's {r['labels']} record, as the checkpoint was trained on")
-    scaled = checkpoint.scale_note(r.get("correction_scale", 1.0))
+    scaled = checkpoint.scale_note(r.get("correction_scale", 1.0), r.get("correction_scale_by", "validation"))
     if scaled:
         lines.append(f"gnn: {scaled} (the roofline row is the prior alone)")
     if r.get("prior_moved"):

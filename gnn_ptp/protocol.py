@@ -391,7 +391,8 @@ def _variant_config(base, variant: str, budget: Budget, seed: int, test, val):
     return dataclasses.replace(base, model=model, epochs=epochs, patience=patience, seed=seed,
                                test_families=tuple(test), val_families=tuple(val),
                                threads=budget.threads or base.threads,
-                               scale_on_validation=False)  # fit_predict scores the correction both ways
+                               scale_on_validation=False,  # fit_predict scores the correction both ways
+                               correction_scale=None)
 
 
 def fit_predict(base, budget: Budget, seed: int, parts: dict, measured, log,
@@ -442,6 +443,36 @@ SCALED = "gnn-prior-scaled"
 with the lowest step MAPE on the fold's validation families (``train.choose_correction_scale``): what a
 checkpoint trained with ``scale_on_validation`` answers. Declared before any run scored it (README
 *Protocol*, "The correction's scale")."""
+
+
+LOFO_SCALED = "gnn-prior-lofo-scaled"
+"""The residual GNN with its correction to the prior scaled by the factor of ``train.CORRECTION_SCALES`` with
+the lowest mean of families' step MAPE over the *other* families' folds of the same seed (each family scored
+by its own fold's model; the smaller factor on a tie): chosen without the scored family's labels, from a
+dozen or more families' evidence instead of a fold's three validation families. Its factor over all folds is
+the one the protocol chooses for the kind (``lofo_scale``), the factor a training config can fix
+(``TrainConfig.correction_scale``). Declared before it was scored on a run not yet seen (README *Protocol*,
+"The factor across families"). The other folds' models saw the scored family in training, so the choice is
+nested in the families' labels, not in the models."""
+
+
+def scale_across_folds(folds: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]],
+                       scales=None) -> tuple[dict[str, float], dict[float, float]]:
+    """``folds[family] = (true_ms, prior_ms, residual_ms)`` of one seed's leave-one-family-out folds. Returns
+    (each family's factor chosen on the other families' folds, the mean of families' MAPE at each factor
+    over all of them). A factor s prices a step at prior * (residual / prior) ** s."""
+    from gnn_ptp.train import CORRECTION_SCALES
+
+    scales = tuple(float(s) for s in (scales or CORRECTION_SCALES))
+    mape = {(f, s): float(metrics.ape(prior * (residual / prior) ** s, true).mean())
+            for f, (true, prior, residual) in folds.items() for s in scales}
+
+    def best(families) -> float:
+        means = {s: np.mean([mape[f, s] for f in families]) for s in scales}
+        return min(scales, key=lambda s: (means[s], s))
+
+    chosen = {f: best([g for g in folds if g != f]) if len(folds) > 1 else 1.0 for f in folds}
+    return chosen, {s: float(np.mean([mape[f, s] for f in folds])) for s in scales}
 
 
 def _fold_record(test: list, pred: dict, true: np.ndarray) -> dict:
@@ -598,14 +629,33 @@ def _lofo(base, budget, measured, samples, repeats, rng, log, refit=None) -> dic
         return pred, info, true, sorted({s.family for s in parts["val"]}), _fold_record(parts["test"], pred, true)
 
     folds = [None] * len(tasks)
+    raw = defaultdict(dict)  # seed -> family -> (true, prior, residual): for the factor across folds
     for i, (pred, info, true, val, record), seconds in _map_folds(budget, one, tasks, log):
         seed, family = tasks[i]
         for p, values in pred.items():
             errors[p][seed][family] = metrics.ape(values, true)
         folds[i] = {"seed": seed, "test": family, "n_test": len(true), "val": val, **info, **record}
+        if "gnn-prior" in pred:
+            raw[seed][family] = (true, pred["prior"], pred["gnn-prior"])
         log(f"lofo seed {seed} {family:<20} n {len(true):3d}  "
-            + "  ".join(f"{p} {errors[p][seed][family].mean():5.1f}%" for p in errors)
+            + "  ".join(f"{p} {errors[p][seed][family].mean():5.1f}%" for p in errors if family in errors[p][seed])
             + f"  ({seconds:.0f} s)")
+    lofo_scale = {}
+    if raw:  # each family's factor from the other families' folds, once every fold of the seed is in
+        errors[LOFO_SCALED] = {}  # last: the other rows' bootstrap draws stay those of a run without it
+        by_task = {(f["seed"], f["test"]): f for f in folds}
+        for seed, by_family in raw.items():
+            chosen, by_factor = scale_across_folds(by_family)
+            errors[LOFO_SCALED][seed] = {}
+            for family, factor in chosen.items():
+                true, prior_ms, residual = by_family[family]
+                pred = prior_ms * (residual / prior_ms) ** factor
+                errors[LOFO_SCALED][seed][family] = metrics.ape(pred, true)
+                fold = by_task[seed, family]
+                fold[LOFO_SCALED] = {"correction_scale": factor}
+                fold["pred_ms"][LOFO_SCALED] = [float(f"{v:.4g}") for v in pred]
+            whole = min(by_factor, key=lambda s: (by_factor[s], s))
+            lofo_scale[str(seed)] = {"chosen": whole, "mean_mape_by_factor": {f"{k:g}": v for k, v in by_factor.items()}}
     keys_of = {f: [repeat_key(s) for s in samples if s.family == f] for f in held}
     scores = {p: score_groups(errors[p], rng, budget.bootstrap) for p in errors}
     from gnn_ptp.noise import floor_for
@@ -619,7 +669,8 @@ def _lofo(base, budget, measured, samples, repeats, rng, log, refit=None) -> dic
     return {"predictors": scores, "noise_floor": floor,
             "noise_floor_mean_of_families": float(np.mean([v for v in floors.values() if v is not None]))
             if any(v is not None for v in floors.values()) else None,
-            "families": held, "folds": folds, "ratios": _ratios(scores, budget, "mean_mape", "worst_mape")}
+            "families": held, "folds": folds, "ratios": _ratios(scores, budget, "mean_mape", "worst_mape"),
+            **({"lofo_scale": lofo_scale} if lofo_scale else {})}
 
 
 def _ratios(scores: dict, budget: Budget, *fields) -> dict:
@@ -817,6 +868,14 @@ def format_result(r: dict) -> str:
         counts = sorted(Counter(scales).items())
         lines += ["", f"{SCALED}: the factor on the correction chosen on each fold's validation families: "
                   + ", ".join(f"{k:g} in {n}" for k, n in counts) + f" of {len(scales)} folds"]
+    across = [f[LOFO_SCALED]["correction_scale"] for f in r.get("folds", []) if LOFO_SCALED in f]
+    if across:
+        counts = sorted(Counter(across).items())
+        lines += [f"{LOFO_SCALED}: the factor chosen for each family on the other families' folds: "
+                  + ", ".join(f"{k:g} in {n}" for k, n in counts) + f" of {len(across)} folds"]
+        for seed, row in r.get("lofo_scale", {}).items():
+            lines.append(f"  over every family (seed {seed}) the protocol chooses {row['chosen']:g}; mean of families "
+                         "by factor: " + ", ".join(f"{k} {_pct(v).strip()}" for k, v in row["mean_mape_by_factor"].items()))
     if r.get("ratios"):
         lines += ["", "ridge / gnn MAPE (target >= 1.5x): " + ", ".join(
             f"{k} {v:.2f}x" for k, v in r["ratios"].items() if v is not None)]

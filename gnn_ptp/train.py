@@ -66,6 +66,12 @@ class TrainConfig:
     so that a correction that does not carry to unseen families is shrunk towards the prior it corrects;
     the checkpoint carries the factor and every factor's validation and test MAPE. False: the correction as
     learnt (factor 1)."""
+    correction_scale: float | None = None
+    """With [model] target "log_ratio_prior": a fixed factor (0 to 1) on the learnt correction to the prior,
+    set from outside the training run, e.g. the factor the evaluation protocol's leave-one-family-out chose
+    for this kind (``protocol.LOFO_SCALED``: each family's factor chosen on the other families' folds); the
+    checkpoint carries it with every factor's validation and test MAPE, as ``scale_on_validation`` does.
+    None: no fixed factor. Not with ``scale_on_validation``."""
 
     def __post_init__(self):
         for name in ("batch_size", "epochs", "patience", "seed"):
@@ -90,6 +96,17 @@ class TrainConfig:
         if self.scale_on_validation and self.model.target != "log_ratio_prior":
             raise UserError("training config: scale_on_validation = true scales a correction to the physical prior: "
                             f"it needs [model] target = \"log_ratio_prior\", not {self.model.target!r}")
+        if self.correction_scale is not None:
+            factor = self.correction_scale
+            if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 <= factor <= 1:
+                raise UserError(f"training config: correction_scale = {factor!r} must be a number from 0 (the prior "
+                                "alone) to 1 (the correction as learnt)")
+            if self.model.target != "log_ratio_prior":
+                raise UserError("training config: correction_scale scales a correction to the physical prior: it "
+                                f"needs [model] target = \"log_ratio_prior\", not {self.model.target!r}")
+            if self.scale_on_validation:
+                raise UserError(f"training config: correction_scale = {factor!r} and scale_on_validation = true "
+                                "both set the factor on the correction; keep one")
         if self.node_weight and self.model.readout != "node_sum":
             raise UserError(f"training config: node_weight = {self.node_weight!r} needs per-node shares of the "
                             f"phase times: [model] readout = \"node_sum\", not {self.model.readout!r} (a queue "
@@ -338,10 +355,18 @@ def train(cfg: TrainConfig, data_dir: str | Path, out: str | Path | None, logger
         chosen, val_mapes = choose_correction_scale(model, parts["val"])
         # every factor's figure on the held-out families, for the record: not chosen on
         test_mapes = mape_by_scale(model, parts["test"]) if parts["test"] else {}
-        scaling = {"chosen": chosen, "val_mape": {f"{k:g}": v for k, v in val_mapes.items()},
+        scaling = {"chosen": chosen, "chosen_by": "validation", "val_mape": {f"{k:g}": v for k, v in val_mapes.items()},
                    "test_mape": {f"{k:g}": v for k, v in test_mapes.items()}}
         log(f"correction to the prior scaled by {chosen:g} (validation MAPE by factor: "
             + ", ".join(f"{k:g} {v:.2f}%" for k, v in val_mapes.items()) + ")")
+    elif cfg.correction_scale is not None:
+        val_mapes = mape_by_scale(model, parts["val"]) if parts["val"] else {}
+        test_mapes = mape_by_scale(model, parts["test"]) if parts["test"] else {}
+        model.correction_scale = float(cfg.correction_scale)
+        scaling = {"chosen": model.correction_scale, "chosen_by": "config",
+                   "val_mape": {f"{k:g}": v for k, v in val_mapes.items()},
+                   "test_mape": {f"{k:g}": v for k, v in test_mapes.items()}}
+        log(f"correction to the prior scaled by {model.correction_scale:g}, the training config's fixed factor")
 
     result_metrics = {}
     for name, part in parts.items():

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import shutil
 
 import numpy as np
@@ -231,7 +232,8 @@ def test_lofo_holds_every_family_out_once_per_seed_and_scores_consistently(synth
     assert r["families"] == sorted(FAMILIES)
     assert [(f["seed"], f["test"]) for f in r["folds"]] == [(s, f) for s in (0, 1) for f in sorted(FAMILIES)]
     assert all(f["test"] not in f["val"] for f in r["folds"])
-    assert set(r["predictors"]) == {"gnn", "gnn-prior", protocol.HALF, protocol.SCALED, "ridge", "prior"}
+    assert set(r["predictors"]) == {"gnn", "gnn-prior", protocol.HALF, protocol.SCALED, "ridge", "prior",
+                                    protocol.LOFO_SCALED}
     for p, sc in r["predictors"].items():
         per = {f: row["mape"] for f, row in sc["per_group"].items()}
         assert sc["mean_mape"] == pytest.approx(np.mean(list(per.values())))
@@ -393,6 +395,90 @@ def test_the_scaled_residual_of_a_fold_is_the_prior_at_zero_and_the_residual_at_
            f"{scales[0]:g} in 1 of 1 folds" in protocol.format_result(r)
 
 
+def test_the_factor_across_folds_is_each_family_s_best_on_the_other_families_and_blind_to_its_own():
+    """``protocol.scale_across_folds`` on SYNTHETIC folds: a correction that halves the error of three families
+    and doubles that of a fourth."""
+    rng = np.random.default_rng(0)
+    folds = {}
+    for family, helps in (("a", True), ("b", True), ("c", True), ("d", False)):
+        true = rng.uniform(10, 100, 20)
+        prior = true * np.exp(rng.normal(0.2, 0.05, 20))
+        need = np.log(true / prior)
+        residual = prior * np.exp(need / 2 if helps else -need)
+        folds[family] = (true, prior, residual)
+    scales = (0.0, 0.25, 0.5, 0.75, 1.0)
+    chosen, by_factor = protocol.scale_across_folds(folds, scales)
+
+    def mape(f, s):
+        true, prior, residual = folds[f]
+        return metrics.ape(prior * (residual / prior) ** s, true).mean()
+
+    for f in folds:  # brute force: the factor with the lowest mean over the other families
+        others = [g for g in folds if g != f]
+        assert chosen[f] == min(scales, key=lambda s: (np.mean([mape(g, s) for g in others]), s))
+    assert chosen["d"] == 1.0 and chosen["a"] < 1.0  # d's own harm does not reach its factor; a's does
+    assert by_factor == pytest.approx({s: np.mean([mape(f, s) for f in folds]) for s in scales})
+    moved = dict(folds, d=(folds["d"][0] * 3, *folds["d"][1:]))  # d's labels change: its own factor cannot
+    assert protocol.scale_across_folds(moved, scales)[0]["d"] == chosen["d"]
+    flat = {f: (t, p, p) for f, (t, p, _) in folds.items()}  # no correction: every factor ties, 0 is taken
+    assert set(protocol.scale_across_folds(flat, scales)[0].values()) == {0.0}
+
+
+def test_lofo_scores_the_factor_across_folds_from_its_own_fold_records(synthetic_dir):
+    budget = dataclasses.replace(BUDGET, seeds=(0,), variants=("gnn-prior",))
+    r = protocol.run("lofo", synthetic_dir, RESIDUAL, budget, log=lambda _: None)
+    assert list(r["predictors"])[-1] == protocol.LOFO_SCALED
+    folds = {f["test"]: (np.array(f["true_ms"]), np.array(f["pred_ms"]["prior"]), np.array(f["pred_ms"]["gnn-prior"]))
+             for f in r["folds"]}
+    chosen, by_factor = protocol.scale_across_folds(folds)  # from the stored 4-digit predictions
+    per = r["predictors"][protocol.LOFO_SCALED]["per_group"]
+    for f in r["folds"]:
+        factor = f[protocol.LOFO_SCALED]["correction_scale"]
+        assert factor == chosen[f["test"]]
+        true, prior, residual = folds[f["test"]]
+        assert per[f["test"]]["mape"] == pytest.approx(metrics.ape(prior * (residual / prior) ** factor, true).mean(),
+                                                       rel=2e-3, abs=1e-3)
+    row = r["lofo_scale"]["0"]
+    assert row["chosen"] == min(by_factor, key=lambda s: (by_factor[s], s))
+    assert [float(k) for k in row["mean_mape_by_factor"]] == sorted(by_factor)
+    text = protocol.format_result(r)
+    assert f"{protocol.LOFO_SCALED}: the factor chosen for each family on the other families' folds: " in text
+    assert f"over every family (seed 0) the protocol chooses {row['chosen']:g}; mean of families by factor: 0 " in text
+    json.dumps(r)
+
+
+def test_a_fixed_correction_scale_is_checked_trained_with_and_named_where_it_answers(synthetic_dir, tmp_path):
+    from gnn_ptp.evaluate import evaluate, format_table
+    from gnn_ptp.prediction import checkpoint_error
+
+    for bad, said in ((True, "correction_scale = True must be a number from 0"),
+                      (1.5, "correction_scale = 1.5 must be a number from 0 (the prior alone) to 1"),
+                      ("half", "correction_scale = 'half' must be a number")):
+        with pytest.raises(UserError, match=re.escape(said)):
+            TrainConfig.from_dict({"correction_scale": bad, "model": {"target": "log_ratio_prior"}})
+    with pytest.raises(UserError, match=r'correction_scale scales a correction to the physical prior: it needs'):
+        TrainConfig.from_dict({"correction_scale": 0.5})
+    with pytest.raises(UserError, match="both set the factor on the correction; keep one"):
+        TrainConfig.from_dict({"correction_scale": 0.5, "scale_on_validation": True,
+                               "model": {"target": "log_ratio_prior"}})
+    lines = []
+    result = train(dataclasses.replace(RESIDUAL, correction_scale=0.25), synthetic_dir, tmp_path / "ckpt",
+                   log=lines.append)
+    scaling = result["correction_scale"]
+    assert scaling["chosen"] == 0.25 and scaling["chosen_by"] == "config"
+    assert "correction to the prior scaled by 0.25, the training config's fixed factor" in lines
+    plain = train(RESIDUAL, synthetic_dir, None, log=lambda _: None)  # same weights, factor 1
+    assert scaling["val_mape"]["1"] == pytest.approx(plain["val_mape"], rel=1e-4)
+    model, meta = checkpoint.load(tmp_path / "ckpt")
+    assert model.correction_scale == 0.25 and checkpoint.scale_source(meta) == "config"
+    assert meta["metrics"]["test"]["overall"]["mape"] == pytest.approx(scaling["test_mape"]["0.25"], rel=1e-4)
+    r = evaluate(tmp_path / "ckpt", synthetic_dir, log=lambda _: None)
+    assert r["overall"]["mape"] == pytest.approx(scaling["test_mape"]["0.25"], rel=1e-4)
+    assert "gnn: its learnt correction to the prior scaled by 0.25, the fixed factor of its training config" \
+        in format_table(r)
+    assert "scaled by 0.25, the fixed factor of its training config" in checkpoint_error(meta, None)["summary"]
+
+
 PARALLEL_SCRIPT = """
 import dataclasses, json, sys
 from gnn_ptp import dataset, protocol
@@ -455,7 +541,8 @@ def test_size_protocol_reports_the_split_and_every_predictor(synthetic_dir, monk
     r = protocol.run("size", synthetic_dir, TINY, BUDGET, log=lambda _: None)
     fold = r["folds"][0]
     assert fold["test_min_flops"] >= 1.5 * fold["train_max_flops"]
-    assert set(r["predictors"]) == {"gnn", "gnn-prior", protocol.HALF, protocol.SCALED, "ridge", "prior"}
+    assert set(r["predictors"]) == {"gnn", "gnn-prior", protocol.HALF, protocol.SCALED, "ridge", "prior",
+                                    protocol.LOFO_SCALED}
     assert all(sc["n"] == fold["n_test"] and sc["ci95"][0] <= sc["ci95"][1] for sc in r["predictors"].values())
     assert "size" in protocol.format_result(r)
 
