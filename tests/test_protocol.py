@@ -444,7 +444,13 @@ def test_lofo_scores_the_factor_across_folds_from_its_own_fold_records(synthetic
     text = protocol.format_result(r)
     assert f"{protocol.LOFO_SCALED}: the factor chosen for each family on the other families' folds: " in text
     assert f"over every family (seed 0) the protocol chooses {row['chosen']:g}; mean of families by factor: 0 " in text
-    json.dumps(r)
+    # benchmarks/lofo_scale.py re-scores stored runs: on this one it gives the protocol's own row
+    from conftest import benchmark_module
+
+    rescored, = benchmark_module("lofo_scale").rescore(json.loads(json.dumps(r)))
+    assert rescored["across"] == pytest.approx(r["predictors"][protocol.LOFO_SCALED]["mean_mape"], rel=2e-3, abs=1e-3)
+    assert rescored["whole"] == row["chosen"] and sum(rescored["factors"].values()) == len(r["folds"])
+    assert rescored["stored"]["prior"] == pytest.approx(r["predictors"]["prior"]["mean_mape"], rel=2e-3, abs=1e-3)
 
 
 def test_a_fixed_correction_scale_is_checked_trained_with_and_named_where_it_answers(synthetic_dir, tmp_path):
