@@ -655,7 +655,8 @@ def _lofo(base, budget, measured, samples, repeats, rng, log, refit=None) -> dic
                 fold[LOFO_SCALED] = {"correction_scale": factor}
                 fold["pred_ms"][LOFO_SCALED] = [float(f"{v:.4g}") for v in pred]
             whole = min(by_factor, key=lambda s: (by_factor[s], s))
-            lofo_scale[str(seed)] = {"chosen": whole, "mean_mape_by_factor": {f"{k:g}": v for k, v in by_factor.items()}}
+            lofo_scale[str(seed)] = {"chosen": whole,
+                                     "mean_mape_by_factor": {f"{k:g}": v for k, v in by_factor.items()}}
     keys_of = {f: [repeat_key(s) for s in samples if s.family == f] for f in held}
     scores = {p: score_groups(errors[p], rng, budget.bootstrap) for p in errors}
     from gnn_ptp.noise import floor_for
@@ -874,8 +875,9 @@ def format_result(r: dict) -> str:
         lines += [f"{LOFO_SCALED}: the factor chosen for each family on the other families' folds: "
                   + ", ".join(f"{k:g} in {n}" for k, n in counts) + f" of {len(across)} folds"]
         for seed, row in r.get("lofo_scale", {}).items():
+            by_factor = ", ".join(f"{k} {_pct(v).strip()}" for k, v in row["mean_mape_by_factor"].items())
             lines.append(f"  over every family (seed {seed}) the protocol chooses {row['chosen']:g}; mean of families "
-                         "by factor: " + ", ".join(f"{k} {_pct(v).strip()}" for k, v in row["mean_mape_by_factor"].items()))
+                         f"by factor: {by_factor}")
     if r.get("ratios"):
         lines += ["", "ridge / gnn MAPE (target >= 1.5x): " + ", ".join(
             f"{k} {v:.2f}x" for k, v in r["ratios"].items() if v is not None)]

@@ -355,7 +355,8 @@ def train(cfg: TrainConfig, data_dir: str | Path, out: str | Path | None, logger
         chosen, val_mapes = choose_correction_scale(model, parts["val"])
         # every factor's figure on the held-out families, for the record: not chosen on
         test_mapes = mape_by_scale(model, parts["test"]) if parts["test"] else {}
-        scaling = {"chosen": chosen, "chosen_by": "validation", "val_mape": {f"{k:g}": v for k, v in val_mapes.items()},
+        scaling = {"chosen": chosen, "chosen_by": "validation",
+                   "val_mape": {f"{k:g}": v for k, v in val_mapes.items()},
                    "test_mape": {f"{k:g}": v for k, v in test_mapes.items()}}
         log(f"correction to the prior scaled by {chosen:g} (validation MAPE by factor: "
             + ", ".join(f"{k:g} {v:.2f}%" for k, v in val_mapes.items()) + ")")

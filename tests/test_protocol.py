@@ -428,7 +428,7 @@ def test_lofo_scores_the_factor_across_folds_from_its_own_fold_records(synthetic
     budget = dataclasses.replace(BUDGET, seeds=(0,), variants=("gnn-prior",))
     r = protocol.run("lofo", synthetic_dir, RESIDUAL, budget, log=lambda _: None)
     assert list(r["predictors"])[-1] == protocol.LOFO_SCALED
-    folds = {f["test"]: (np.array(f["true_ms"]), np.array(f["pred_ms"]["prior"]), np.array(f["pred_ms"]["gnn-prior"]))
+    folds = {f["test"]: tuple(np.array(v) for v in (f["true_ms"], f["pred_ms"]["prior"], f["pred_ms"]["gnn-prior"]))
              for f in r["folds"]}
     chosen, by_factor = protocol.scale_across_folds(folds)  # from the stored 4-digit predictions
     per = r["predictors"][protocol.LOFO_SCALED]["per_group"]
@@ -609,7 +609,8 @@ def test_cli_protocol_json_and_the_one_kind_refusal(synthetic_dir, capsys, monke
     assert code == 0
     r = json.loads(capsys.readouterr().out)
     assert r["families"] == [FAMILIES[0], FAMILIES[1]]
-    assert set(r["predictors"]) == {"gnn-prior", protocol.HALF, protocol.SCALED, "ridge", "prior", protocol.LOFO_SCALED}
+    assert set(r["predictors"]) == {"gnn-prior", protocol.HALF, protocol.SCALED, "ridge", "prior",
+                                    protocol.LOFO_SCALED}
     code = cli.main(["evaluate", "--protocol", "hardware", "--data", str(synthetic_dir)])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1
