@@ -638,7 +638,7 @@ def _lofo(base, budget, measured, samples, repeats, rng, log, refit=None) -> dic
         if "gnn-prior" in pred:
             raw[seed][family] = (true, pred["prior"], pred["gnn-prior"])
         log(f"lofo seed {seed} {family:<20} n {len(true):3d}  "
-            + "  ".join(f"{p} {errors[p][seed][family].mean():5.1f}%" for p in errors if family in errors[p][seed])
+            + "  ".join(f"{p} {errors[p][seed][family].mean():5.1f}%" for p in errors)
             + f"  ({seconds:.0f} s)")
     lofo_scale = {}
     if raw:  # each family's factor from the other families' folds, once every fold of the seed is in

@@ -351,23 +351,21 @@ def train(cfg: TrainConfig, data_dir: str | Path, out: str | Path | None, logger
     model.load_state_dict(best["state"])
     train_s = time.perf_counter() - start
     scaling = None
-    if cfg.scale_on_validation:
-        chosen, val_mapes = choose_correction_scale(model, parts["val"])
+    if cfg.scale_on_validation or cfg.correction_scale is not None:
+        if cfg.scale_on_validation:
+            chosen, val_mapes = choose_correction_scale(model, parts["val"])
+            said = (" (validation MAPE by factor: "
+                    + ", ".join(f"{k:g} {v:.2f}%" for k, v in val_mapes.items()) + ")")
+        else:
+            val_mapes = mape_by_scale(model, parts["val"]) if parts["val"] else {}
+            model.correction_scale = chosen = float(cfg.correction_scale)
+            said = ", the training config's fixed factor"
         # every factor's figure on the held-out families, for the record: not chosen on
         test_mapes = mape_by_scale(model, parts["test"]) if parts["test"] else {}
-        scaling = {"chosen": chosen, "chosen_by": "validation",
+        scaling = {"chosen": chosen, "chosen_by": "validation" if cfg.scale_on_validation else "config",
                    "val_mape": {f"{k:g}": v for k, v in val_mapes.items()},
                    "test_mape": {f"{k:g}": v for k, v in test_mapes.items()}}
-        log(f"correction to the prior scaled by {chosen:g} (validation MAPE by factor: "
-            + ", ".join(f"{k:g} {v:.2f}%" for k, v in val_mapes.items()) + ")")
-    elif cfg.correction_scale is not None:
-        val_mapes = mape_by_scale(model, parts["val"]) if parts["val"] else {}
-        test_mapes = mape_by_scale(model, parts["test"]) if parts["test"] else {}
-        model.correction_scale = float(cfg.correction_scale)
-        scaling = {"chosen": model.correction_scale, "chosen_by": "config",
-                   "val_mape": {f"{k:g}": v for k, v in val_mapes.items()},
-                   "test_mape": {f"{k:g}": v for k, v in test_mapes.items()}}
-        log(f"correction to the prior scaled by {model.correction_scale:g}, the training config's fixed factor")
+        log(f"correction to the prior scaled by {chosen:g}{said}")
 
     result_metrics = {}
     for name, part in parts.items():
