@@ -618,6 +618,8 @@ def _lofo(base, budget, measured, samples, repeats, rng, log, refit=None) -> dic
         raise UserError(f"lofo needs 3 families or more (train, validation, test); the data has {families}")
     errors = {p: {seed: {} for seed in budget.seeds} for p in _predictors(budget)}
     tasks = [(seed, family) for seed in budget.seeds for family in held]
+    kinds = sorted({getattr(s, "hardware_name", None) for s in samples}, key=str)
+    multi = len(kinds) > 1  # several kinds' folders: a family is left out of every kind, scored per kind too
 
     def one(task):
         seed, family = task
@@ -626,7 +628,10 @@ def _lofo(base, budget, measured, samples, repeats, rng, log, refit=None) -> dic
         parts = {n: [s for s in samples if split[s.family] == n] for n in ("train", "val", "test")}
         pred, info = fit_predict(base, budget, seed, parts, measured, log, refit)
         true = np.exp(np.array([float(s.y[0, 3]) for s in parts["test"]]))
-        return pred, info, true, sorted({s.family for s in parts["val"]}), _fold_record(parts["test"], pred, true)
+        record = _fold_record(parts["test"], pred, true)
+        if multi:  # which kind each test configuration is on (kinds share configuration keys)
+            record["hardware"] = [s.hardware_name for s in parts["test"]]
+        return pred, info, true, sorted({s.family for s in parts["val"]}), record
 
     folds = [None] * len(tasks)
     raw = defaultdict(dict)  # seed -> family -> (true, prior, residual): for the factor across folds
@@ -671,7 +676,30 @@ def _lofo(base, budget, measured, samples, repeats, rng, log, refit=None) -> dic
             "noise_floor_mean_of_families": float(np.mean([v for v in floors.values() if v is not None]))
             if any(v is not None for v in floors.values()) else None,
             "families": held, "folds": folds, "ratios": _ratios(scores, budget, "mean_mape", "worst_mape"),
-            **({"lofo_scale": lofo_scale} if lofo_scale else {})}
+            **({"lofo_scale": lofo_scale} if lofo_scale else {}),
+            **({"by_kind": _lofo_by_kind(folds, kinds, samples, pooled, budget, rng)} if multi else {})}
+
+
+def _lofo_by_kind(folds: list, kinds: list, samples: list, pooled, budget: Budget, rng) -> dict:
+    """A leave-one-family-out run over several kinds' folders, scored on each kind alone: every predictor's
+    mean of families, worst family and intervals from the folds' own predictions (``folds[].pred_ms``, 4
+    significant digits) of that kind's configurations, and that kind's noise floor. The models are the
+    run's: trained on every kind's other families."""
+    out = {}
+    for kind in kinds:
+        errors = defaultdict(lambda: defaultdict(dict))
+        for f in folds:
+            mask = np.array([h == kind for h in f["hardware"]])
+            if not mask.any():
+                continue
+            true = np.array(f["true_ms"])[mask]
+            for p, values in f["pred_ms"].items():
+                errors[p][f["seed"]][f["test"]] = metrics.ape(np.array(values)[mask], true)
+        keys = [repeat_key(s) for s in samples if s.hardware_name == kind]
+        scores = {p: score_groups(dict(errors[p]), rng, budget.bootstrap) for p in errors}
+        out[str(kind)] = {"predictors": scores, "noise_floor": pooled.floor(keys), "n": len(keys),
+                          "ratios": _ratios(scores, budget, "mean_mape", "worst_mape")}
+    return out
 
 
 def _ratios(scores: dict, budget: Budget, *fields) -> dict:
@@ -851,6 +879,12 @@ def format_result(r: dict) -> str:
             lines.append(f"{f:<20}{row['n']:>4}" + "".join(
                 f"{_pct(r['predictors'][p]['per_group'][f]['mape']):>{width[p]}}" for p in names)
                 + f"{_pct(row['noise_floor']):>13}")
+        for kind, row in r.get("by_kind", {}).items():
+            lines += ["", f"scored on {kind} alone ({row['n']} configurations, noise floor "
+                      f"{_pct(row['noise_floor']).strip()}; the models trained on every kind's other families):"]
+            for p, sc in row["predictors"].items():
+                lines.append(f"  {p:<22}{_pct(sc['mean_mape']):>8}  {_ci(sc['mean_ci95']):<14}"
+                             f"worst {sc['worst_family']} {_pct(sc['worst_mape']).strip()}")
     elif r["protocol"] == "size":
         fold = r["folds"][0]
         lines.append(f"train: {fold['n_train']} configurations <= {fold['train_max_flops']:.3g} FLOPs "

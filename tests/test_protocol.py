@@ -583,6 +583,36 @@ def test_with_three_kinds_the_hardware_protocol_also_leaves_each_kind_out_of_the
     assert rest in protocol.format_result(r)
 
 
+def test_lofo_over_two_kinds_leaves_a_family_out_of_both_and_scores_each_kind_alone(two_cpus):
+    """SYNTHETIC: two CPU kinds' folders in one leave-one-family-out run: each fold's test holds the family on
+    both kinds (never trained on either), and each kind's rows are the folds' own predictions of its
+    configurations."""
+    budget = dataclasses.replace(BUDGET, seeds=(0,), variants=("gnn-prior",))
+    r = protocol.run("lofo", two_cpus, TINY, budget, log=lambda _: None)
+    assert set(r["by_kind"]) == {"amd-epyc", "synthetic-slow-cpu"}
+    per_kind = {k: {} for k in r["by_kind"]}
+    for f in r["folds"]:
+        assert sorted(set(f["hardware"])) == ["amd-epyc", "synthetic-slow-cpu"]
+        assert f["hardware"].count("amd-epyc") == f["hardware"].count("synthetic-slow-cpu") == f["n_test"] // 2
+        hw, true = np.array(f["hardware"]), np.array(f["true_ms"])
+        for kind in per_kind:
+            mask = hw == kind
+            per_kind[kind][f["test"]] = metrics.ape(np.array(f["pred_ms"]["prior"])[mask], true[mask]).mean()
+    for kind, row in r["by_kind"].items():
+        assert row["n"] == 24
+        assert set(row["predictors"]) == set(r["predictors"])
+        assert row["predictors"]["prior"]["mean_mape"] == pytest.approx(np.mean(list(per_kind[kind].values())))
+        assert row["predictors"]["prior"]["per_group"].keys() == per_kind[kind].keys()
+    # the pooled row weighs both kinds: its family MAPE lies between the kinds' (same configurations on each)
+    for fam, pooled in r["predictors"]["prior"]["per_group"].items():
+        lo, hi = sorted(per_kind[k][fam] for k in per_kind)
+        assert lo - 1e-3 <= pooled["mape"] <= hi + 1e-3
+    text = protocol.format_result(r)
+    assert "scored on amd-epyc alone (24 configurations" in text and "scored on synthetic-slow-cpu alone" in text
+    one = protocol.run("lofo", two_cpus[0], TINY, budget, log=lambda _: None)
+    assert "by_kind" not in one and "hardware" not in one["folds"][0]
+
+
 def test_the_hardware_protocol_s_folds_pairs_and_the_rest():
     folds = protocol.hardware_folds
     assert folds(["a", "b"]) == folds(["a", "b"], "rest") == [(("a",), "b"), (("b",), "a")]
