@@ -475,10 +475,12 @@ def scale_across_folds(folds: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray
     return chosen, {s: float(np.mean([mape[f, s] for f in folds])) for s in scales}
 
 
-def _fold_record(test: list, pred: dict, true: np.ndarray) -> dict:
-    """A fold's per-configuration predictions (4 significant digits), for paired comparisons later."""
+def _fold_record(test: list, pred: dict, true: np.ndarray, kinds: bool = False) -> dict:
+    """A fold's per-configuration predictions (4 significant digits), for paired comparisons later; with
+    ``kinds`` (a run over several kinds' folders, which share configuration keys) each one's kind too."""
     return {"keys": [s.key for s in test], "true_ms": [float(f"{v:.4g}") for v in true],
-            "pred_ms": {p: [float(f"{v:.4g}") for v in values] for p, values in pred.items()}}
+            "pred_ms": {p: [float(f"{v:.4g}") for v in values] for p, values in pred.items()},
+            **({"hardware": [s.hardware_name for s in test]} if kinds else {})}
 
 
 _FOLDS: dict = {}
@@ -628,10 +630,7 @@ def _lofo(base, budget, measured, samples, repeats, rng, log, refit=None) -> dic
         parts = {n: [s for s in samples if split[s.family] == n] for n in ("train", "val", "test")}
         pred, info = fit_predict(base, budget, seed, parts, measured, log, refit)
         true = np.exp(np.array([float(s.y[0, 3]) for s in parts["test"]]))
-        record = _fold_record(parts["test"], pred, true)
-        if multi:  # which kind each test configuration is on (kinds share configuration keys)
-            record["hardware"] = [s.hardware_name for s in parts["test"]]
-        return pred, info, true, sorted({s.family for s in parts["val"]}), record
+        return pred, info, true, sorted({s.family for s in parts["val"]}), _fold_record(parts["test"], pred, true, multi)
 
     folds = [None] * len(tasks)
     raw = defaultdict(dict)  # seed -> family -> (true, prior, residual): for the factor across folds
@@ -677,28 +676,30 @@ def _lofo(base, budget, measured, samples, repeats, rng, log, refit=None) -> dic
             if any(v is not None for v in floors.values()) else None,
             "families": held, "folds": folds, "ratios": _ratios(scores, budget, "mean_mape", "worst_mape"),
             **({"lofo_scale": lofo_scale} if lofo_scale else {}),
-            **({"by_kind": _lofo_by_kind(folds, kinds, samples, pooled, budget, rng)} if multi else {})}
+            **({"by_kind": _by_kind(folds, kinds, repeats, budget, rng, lambda f: f["test"])} if multi else {})}
 
 
-def _lofo_by_kind(folds: list, kinds: list, samples: list, pooled, budget: Budget, rng) -> dict:
-    """A leave-one-family-out run over several kinds' folders, scored on each kind alone: every predictor's
-    mean of families, worst family and intervals from the folds' own predictions (``folds[].pred_ms``, 4
-    significant digits) of that kind's configurations, and that kind's noise floor. The models are the
-    run's: trained on every kind's other families."""
+def _by_kind(folds: list, kinds: list, repeats: dict, budget: Budget, rng, group) -> dict:
+    """A run over several kinds' folders, scored on each kind alone: every predictor's rows (``score_groups``
+    over ``group(fold)``: the family left out, or one group) from the folds' own predictions
+    (``folds[].pred_ms``, 4 significant digits) of that kind's configurations, and the noise floor of those
+    configurations. The models are the run's, trained on every kind."""
+    from gnn_ptp.noise import floor_for
+
     out = {}
     for kind in kinds:
-        errors = defaultdict(lambda: defaultdict(dict))
+        errors, keys = defaultdict(lambda: defaultdict(dict)), set()
         for f in folds:
             mask = np.array([h == kind for h in f["hardware"]])
             if not mask.any():
                 continue
             true = np.array(f["true_ms"])[mask]
+            keys |= {(kind, k) for k, m in zip(f["keys"], mask) if m}
             for p, values in f["pred_ms"].items():
-                errors[p][f["seed"]][f["test"]] = metrics.ape(np.array(values)[mask], true)
-        keys = [repeat_key(s) for s in samples if s.hardware_name == kind]
+                errors[p][f["seed"]][group(f)] = metrics.ape(np.array(values)[mask], true)
         scores = {p: score_groups(dict(errors[p]), rng, budget.bootstrap) for p in errors}
-        out[str(kind)] = {"predictors": scores, "noise_floor": pooled.floor(keys), "n": len(keys),
-                          "ratios": _ratios(scores, budget, "mean_mape", "worst_mape")}
+        out[str(kind)] = {"predictors": scores, "noise_floor": floor_for(budget.labels, repeats).floor(sorted(keys)),
+                          "n": len(keys), "ratios": _ratios(scores, budget, "mean_mape", "worst_mape")}
     return out
 
 
@@ -728,6 +729,8 @@ def size_split(samples: list, seed: int, factor: float | None = None, val_fracti
 def _size(base, budget, measured, samples, repeats, rng, log, refit=None) -> dict:
     errors = {p: {} for p in _predictors(budget)}
     tasks = list(budget.seeds)
+    kinds = sorted({getattr(s, "hardware_name", None) for s in samples}, key=str)
+    multi = len(kinds) > 1  # several kinds' folders: scored on each kind alone besides
 
     def one(seed):
         parts = size_split(samples, seed, val_fraction=base.val_fraction)
@@ -742,7 +745,7 @@ def _size(base, budget, measured, samples, repeats, rng, log, refit=None) -> dic
                 "test_min_flops": min(step_flops(s) for s in parts["test"]),
                 "test_max_flops": max(step_flops(s) for s in parts["test"]),
                 "test_families": sorted({s.family for s in parts["test"]}), **info,
-                **_fold_record(parts["test"], pred, true)}
+                **_fold_record(parts["test"], pred, true, multi)}
         return pred, true, fold, [repeat_key(s) for s in parts["test"]]
 
     folds = [None] * len(tasks)
@@ -759,8 +762,11 @@ def _size(base, budget, measured, samples, repeats, rng, log, refit=None) -> dic
         sc = score_groups(errors[p], rng, budget.bootstrap)
         scores[p] = {"mape": sc["mean_mape"], "ci95": sc["mean_ci95"],
                      "per_seed_mape": sc["per_seed_mean_mape"], "n": sc["per_group"]["size"]["n"]}
-    return {"predictors": scores, "noise_floor": noise_floor(test_keys, repeats, budget.labels), "folds": folds,
-            "size_factor": SIZE_FACTOR, "ratios": _ratios(scores, budget, "mape")}
+    out = {"predictors": scores, "noise_floor": noise_floor(test_keys, repeats, budget.labels), "folds": folds,
+           "size_factor": SIZE_FACTOR, "ratios": _ratios(scores, budget, "mape")}
+    if multi:
+        out["by_kind"] = _by_kind(folds, kinds, repeats, budget, rng, lambda f: "size")
+    return out
 
 
 def _check_kinds(data_dirs, strict: bool) -> None:
@@ -894,6 +900,11 @@ def format_result(r: dict) -> str:
         lines.append(f"{'predictor':<18}{'MAPE':>8}  {'95% CI':<14}   noise floor {_pct(r['noise_floor']).strip()}")
         for p, sc in r["predictors"].items():
             lines.append(f"{p:<18}{_pct(sc['mape']):>8}  {_ci(sc['ci95']):<14}")
+        for kind, row in r.get("by_kind", {}).items():
+            lines += ["", f"scored on {kind} alone ({row['n']} configurations, noise floor "
+                      f"{_pct(row['noise_floor']).strip()}; the models trained on every kind):"]
+            for p, sc in row["predictors"].items():
+                lines.append(f"  {p:<22}{_pct(sc['mean_mape']):>8}  {_ci(sc['mean_ci95']):<14}")
     else:
         for pair, row in r["pairs"].items():
             lines.append(f"{pair} (n {row['n_test']}, noise floor {_pct(row['noise_floor']).strip()}): " + "  ".join(

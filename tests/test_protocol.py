@@ -613,6 +613,22 @@ def test_lofo_over_two_kinds_leaves_a_family_out_of_both_and_scores_each_kind_al
     assert "by_kind" not in one and "hardware" not in one["folds"][0]
 
 
+def test_size_over_two_kinds_scores_each_kind_alone(two_cpus):
+    """SYNTHETIC: the size protocol over two CPU kinds' folders: each kind's row is the fold's own predictions
+    of that kind's test configurations."""
+    budget = dataclasses.replace(BUDGET, seeds=(0,), variants=("gnn-prior",))
+    r = protocol.run("size", two_cpus, TINY, budget, log=lambda _: None)
+    fold, = r["folds"]
+    hw, true = np.array(fold["hardware"]), np.array(fold["true_ms"])
+    assert set(r["by_kind"]) == set(hw) == {"amd-epyc", "synthetic-slow-cpu"}
+    for kind, row in r["by_kind"].items():
+        mask = hw == kind
+        assert row["n"] == mask.sum()
+        assert row["predictors"]["prior"]["mean_mape"] == pytest.approx(
+            metrics.ape(np.array(fold["pred_ms"]["prior"])[mask], true[mask]).mean())
+    assert "scored on synthetic-slow-cpu alone" in protocol.format_result(r)
+
+
 def test_the_hardware_protocol_s_folds_pairs_and_the_rest():
     folds = protocol.hardware_folds
     assert folds(["a", "b"]) == folds(["a", "b"], "rest") == [(("a",), "b"), (("b",), "a")]
