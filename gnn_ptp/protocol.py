@@ -11,6 +11,10 @@ retrains from scratch for every fold and scores every predictor on the same held
   every ordered pair, and with three kinds or more also on all the other kinds together, testing on the
   one left out (``--hardware-folds``); needs datasets of two kinds or more (several ``--data`` folders).
 
+``lofo`` and ``size`` over several kinds' folders train one model on all of them (told apart by their
+descriptors, as ``train`` with several folders does; a family left out is left out of every kind) and score
+each kind alone besides (``by_kind``).
+
 Predictors: each GNN variant (``gnn``: the training config as given; ``gnn-prior``: the same predicting
 the log-ratio to the physical prior, with the hardware descriptor fed in), the ridge regression on graph
 totals (``gnn_ptp/baselines.py``, fitted on the same training and validation configurations) and the
