@@ -320,7 +320,8 @@ def add_evaluate_parser(sub) -> None:
                                    "or cross-hardware, with bootstrap intervals and the label noise floor.")
     p.add_argument("--checkpoint", help="checkpoint folder (required without --protocol)")
     p.add_argument("--data", required=True, nargs="+",
-                   help="dataset folder; --protocol hardware takes one folder per hardware kind")
+                   help="dataset folder; --protocol hardware takes one folder per hardware kind, and lofo or "
+                        "size over several kinds' folders train one model on all and score each kind alone too")
     p.add_argument("--split", default="test", help="test (held-out families, default), val, train or all")
     p.add_argument("--plot", help="write a parity plot here (.png, .pdf or .svg; replaced if it exists)")
     p.add_argument("--json", action="store_true")
