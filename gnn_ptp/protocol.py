@@ -862,6 +862,18 @@ def _ci(ci) -> str:
     return f"[{ci[0]:.1f}, {ci[1]:.1f}]"
 
 
+def _by_kind_lines(r: dict, trained: str, worst: bool) -> list[str]:
+    """``format_result``'s rows of each kind scored alone (``by_kind``), with the worst family for lofo."""
+    lines = []
+    for kind, row in r.get("by_kind", {}).items():
+        lines += ["", f"scored on {kind} alone ({row['n']} configurations, noise floor "
+                  f"{_pct(row['noise_floor']).strip()}; {trained}):"]
+        for p, sc in row["predictors"].items():
+            lines.append((f"  {p:<22}{_pct(sc['mean_mape']):>8}  {_ci(sc['mean_ci95']):<14}"
+                          + (f"worst {sc['worst_family']} {_pct(sc['worst_mape']).strip()}" if worst else "")).rstrip())
+    return lines
+
+
 def format_result(r: dict) -> str:
     b = r["budget"]
     lines = [f"protocol {r['protocol']} on {', '.join(r['data'])}: {r['n_samples']} configurations, seeds "
@@ -889,12 +901,7 @@ def format_result(r: dict) -> str:
             lines.append(f"{f:<20}{row['n']:>4}" + "".join(
                 f"{_pct(r['predictors'][p]['per_group'][f]['mape']):>{width[p]}}" for p in names)
                 + f"{_pct(row['noise_floor']):>13}")
-        for kind, row in r.get("by_kind", {}).items():
-            lines += ["", f"scored on {kind} alone ({row['n']} configurations, noise floor "
-                      f"{_pct(row['noise_floor']).strip()}; the models trained on every kind's other families):"]
-            for p, sc in row["predictors"].items():
-                lines.append(f"  {p:<22}{_pct(sc['mean_mape']):>8}  {_ci(sc['mean_ci95']):<14}"
-                             f"worst {sc['worst_family']} {_pct(sc['worst_mape']).strip()}")
+        lines += _by_kind_lines(r, "the models trained on every kind's other families", worst=True)
     elif r["protocol"] == "size":
         fold = r["folds"][0]
         lines.append(f"train: {fold['n_train']} configurations <= {fold['train_max_flops']:.3g} FLOPs "
@@ -904,11 +911,7 @@ def format_result(r: dict) -> str:
         lines.append(f"{'predictor':<18}{'MAPE':>8}  {'95% CI':<14}   noise floor {_pct(r['noise_floor']).strip()}")
         for p, sc in r["predictors"].items():
             lines.append(f"{p:<18}{_pct(sc['mape']):>8}  {_ci(sc['ci95']):<14}")
-        for kind, row in r.get("by_kind", {}).items():
-            lines += ["", f"scored on {kind} alone ({row['n']} configurations, noise floor "
-                      f"{_pct(row['noise_floor']).strip()}; the models trained on every kind):"]
-            for p, sc in row["predictors"].items():
-                lines.append(f"  {p:<22}{_pct(sc['mean_mape']):>8}  {_ci(sc['mean_ci95']):<14}")
+        lines += _by_kind_lines(r, "the models trained on every kind", worst=False)
     else:
         for pair, row in r["pairs"].items():
             lines.append(f"{pair} (n {row['n_test']}, noise floor {_pct(row['noise_floor']).strip()}): " + "  ".join(
