@@ -624,7 +624,7 @@ def _lofo(base, budget, measured, samples, repeats, rng, log, refit=None) -> dic
         raise UserError(f"lofo needs 3 families or more (train, validation, test); the data has {families}")
     errors = {p: {seed: {} for seed in budget.seeds} for p in _predictors(budget)}
     tasks = [(seed, family) for seed in budget.seeds for family in held]
-    kinds = sorted({getattr(s, "hardware_name", None) for s in samples}, key=str)
+    kinds = _kinds(samples)
     multi = len(kinds) > 1  # several kinds' folders: a family is left out of every kind, scored per kind too
 
     def one(task):
@@ -683,6 +683,11 @@ def _lofo(base, budget, measured, samples, repeats, rng, log, refit=None) -> dic
             **({"by_kind": _by_kind(folds, kinds, repeats, budget, rng, lambda f: f["test"])} if multi else {})}
 
 
+def _kinds(samples: list) -> list:
+    """The hardware kinds of a run's samples, sorted (one entry, possibly None, for a one-folder run)."""
+    return sorted({getattr(s, "hardware_name", None) for s in samples}, key=str)
+
+
 def _by_kind(folds: list, kinds: list, repeats: dict, budget: Budget, rng, group) -> dict:
     """A run over several kinds' folders, scored on each kind alone: every predictor's rows (``score_groups``
     over ``group(fold)``: the family left out, or one group) from the folds' own predictions
@@ -690,11 +695,11 @@ def _by_kind(folds: list, kinds: list, repeats: dict, budget: Budget, rng, group
     configurations. The models are the run's, trained on every kind."""
     from gnn_ptp.noise import floor_for
 
-    out = {}
+    pooled, out = floor_for(budget.labels, repeats), {}  # pooled once for every kind
     for kind in kinds:
         errors, keys = defaultdict(lambda: defaultdict(dict)), set()
         for f in folds:
-            mask = np.array([h == kind for h in f["hardware"]])
+            mask = np.array(f["hardware"]) == kind
             if not mask.any():
                 continue
             true = np.array(f["true_ms"])[mask]
@@ -702,7 +707,7 @@ def _by_kind(folds: list, kinds: list, repeats: dict, budget: Budget, rng, group
             for p, values in f["pred_ms"].items():
                 errors[p][f["seed"]][group(f)] = metrics.ape(np.array(values)[mask], true)
         scores = {p: score_groups(dict(errors[p]), rng, budget.bootstrap) for p in errors}
-        out[str(kind)] = {"predictors": scores, "noise_floor": floor_for(budget.labels, repeats).floor(sorted(keys)),
+        out[str(kind)] = {"predictors": scores, "noise_floor": pooled.floor(sorted(keys)),
                           "n": len(keys), "ratios": _ratios(scores, budget, "mean_mape", "worst_mape")}
     return out
 
@@ -733,7 +738,7 @@ def size_split(samples: list, seed: int, factor: float | None = None, val_fracti
 def _size(base, budget, measured, samples, repeats, rng, log, refit=None) -> dict:
     errors = {p: {} for p in _predictors(budget)}
     tasks = list(budget.seeds)
-    kinds = sorted({getattr(s, "hardware_name", None) for s in samples}, key=str)
+    kinds = _kinds(samples)
     multi = len(kinds) > 1  # several kinds' folders: scored on each kind alone besides
 
     def one(seed):
