@@ -197,6 +197,16 @@ def load(data_dirs, precision_aware: bool = True, log=None, strict: bool = False
     return measured, samples, dict(repeats)
 
 
+def refuse_mixed_targets(data_dirs, strict: bool = False) -> None:
+    """One clear error, from the records alone (before any graph is traced), where several folders trace
+    for different targets (CPU and GPU): one model cannot learn both."""
+    targets = sorted({dataset.trace_target(m.hardware) for d in data_dirs
+                      for m in dataset.measured_configs(d, strict=strict)})
+    if len(targets) > 1:
+        raise UserError(f"--data folders {', '.join(map(str, data_dirs))} trace for {' and '.join(targets)}: "
+                        "train CPU and GPU hardware apart")
+
+
 def prepare_many(data_dirs, cfg, log, strict: bool = False):
     """``train.prepare`` for several dataset folders (one per hardware kind, e.g. two CPU models): one
     checkpoint learns them all, told apart by their descriptors. Whole families go to one split on every
@@ -204,12 +214,9 @@ def prepare_many(data_dirs, cfg, log, strict: bool = False):
     if not cfg.model.hardware_descriptor:
         raise UserError("training on several --data folders needs [model] hardware_descriptor = true: without "
                         "it the model cannot tell their hardware apart")
+    refuse_mixed_targets(data_dirs, strict)
     measured, samples, _ = load(data_dirs, cfg.model.precision_aware, log, strict, node_labels=bool(cfg.node_weight),
                                 label=cfg.labels)
-    targets = sorted({dataset.trace_target(m.hardware) for m in measured})
-    if len(targets) > 1:
-        raise UserError(f"--data folders {', '.join(map(str, data_dirs))} trace for {' and '.join(targets)}: "
-                        "train CPU and GPU hardware apart")
     split = dataset.family_split([s.family for s in samples], cfg.seed, cfg.test_families, cfg.val_families,
                                  cfg.test_fraction, cfg.val_fraction)
     parts = {name: [s for s in samples if split[s.family] == name] for name in ("train", "val", "test")}
@@ -592,6 +599,12 @@ def run(protocol: str, data_dirs, config=None, budget: Budget = Budget(), log=No
     data_dirs = [data_dirs] if isinstance(data_dirs, (str, Path)) else list(data_dirs)
     if protocol == "hardware" and loaded is None:
         _check_kinds(data_dirs, strict)  # from the records alone, before any graph is traced
+    elif len(data_dirs) > 1 and loaded is None:  # lofo / size: one model for every kind of the folders
+        if "gnn" in budget.variants and not base.model.hardware_descriptor:
+            raise UserError(f"--protocol {protocol} over several --data folders trains one model on every kind: "
+                            "variant gnn needs [model] hardware_descriptor = true in --config to tell them apart "
+                            "(gnn-prior always has it: --variants gnn-prior)")
+        refuse_mixed_targets(data_dirs, strict)
     measured, samples, repeats = loaded or load(data_dirs, base.model.precision_aware, log, strict,
                                                 node_labels=bool(base.node_weight), label=budget.labels)
     refit = (prior_refit(data_dirs, log, strict, budget.hardware_transfer, budget.transfer_mode, budget.depthwise_law,

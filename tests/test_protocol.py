@@ -613,6 +613,24 @@ def test_lofo_over_two_kinds_leaves_a_family_out_of_both_and_scores_each_kind_al
     assert "by_kind" not in one and "hardware" not in one["folds"][0]
 
 
+def test_lofo_over_several_folders_refuses_what_one_model_cannot_learn(two_cpus, tmp_path, capsys):
+    """SYNTHETIC: the plain GNN without descriptors over two kinds, and a CPU folder beside a GPU one: one line,
+    exit 2, before any graph is traced."""
+    folders = [str(d) for d in two_cpus]
+    code = cli.main(["evaluate", "--protocol", "lofo", "--data", *folders, "--variants", "gnn", "--epochs", "1"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1
+    assert "variant gnn needs [model] hardware_descriptor = true" in err and "--variants gnn-prior" in err
+    gpu = tmp_path / "synthetic-gpu"
+    gpu.mkdir()
+    for r in records.iter_records(two_cpus[0]):
+        r["hardware"], r["env"] = "h100", {"hardware": "h100"}
+        records.append_record(r, gpu, "synthetic.jsonl")
+    code = cli.main(["evaluate", "--protocol", "size", "--data", folders[0], str(gpu), "--variants", "gnn-prior"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "train CPU and GPU hardware apart" in err
+
+
 def test_size_over_two_kinds_scores_each_kind_alone(two_cpus):
     """SYNTHETIC: the size protocol over two CPU kinds' folders: each kind's row is the fold's own predictions
     of that kind's test configurations."""
