@@ -467,6 +467,46 @@ the one the protocol chooses for the kind (``lofo_scale``), the factor a trainin
 nested in the families' labels, not in the models."""
 
 
+ENSEMBLE = "gnn-prior-ensemble"
+SCALED_ENSEMBLE = "gnn-prior-scaled-ensemble"
+ENSEMBLED = {"gnn-prior": ENSEMBLE, SCALED: SCALED_ENSEMBLE}
+"""With two seeds or more, each residual row's seed ensemble: every configuration priced at the geometric mean
+of the seeds' predictions (each seed's model trained with its own validation families and, for the scaled
+row, its own factor), what a checkpoint of that many members trained with those seeds answers. Declared
+before any run not yet seen scored it (README *Protocol*, "A seed ensemble")."""
+
+
+def ensemble_errors(folds: list, seeds, group) -> dict[str, dict[str, np.ndarray]]:
+    """``{ensemble row: {group: absolute percentage errors}}`` from the folds' stored predictions
+    (``pred_ms``, 4 significant digits, so a stored run re-scores to the same figures): for each group
+    (``group(fold)``: the family left out, or one group) the geometric mean over ``seeds`` of each residual
+    row's predictions. Empty with fewer than two seeds or no residual rows; a group whose seeds' folds test
+    different configurations is refused (a bug, not a user's input)."""
+    seeds = list(seeds)
+    if len(seeds) < 2:
+        return {}
+    by_group = defaultdict(dict)
+    for f in folds:
+        by_group[group(f)][f["seed"]] = f
+    out = {}
+    for row, name in ENSEMBLED.items():
+        if not all(row in f["pred_ms"] for f in folds):
+            continue
+        out[name] = {}
+        for g, by_seed in by_group.items():
+            first = by_seed[seeds[0]]
+            if any(by_seed[s]["keys"] != first["keys"] for s in seeds):
+                raise ValueError(f"ensemble of group {g!r}: the seeds' folds test different configurations")
+            logs = np.mean([np.log(np.array(by_seed[s]["pred_ms"][row], dtype=float)) for s in seeds], axis=0)
+            out[name][g] = metrics.ape(np.exp(logs), np.array(first["true_ms"], dtype=float))
+    return out
+
+
+def ensemble_key(seeds) -> str:
+    """The one pseudo-seed an ensemble row is scored under (``per_seed_mean_mape``): the seeds joined by +."""
+    return "+".join(str(s) for s in seeds)
+
+
 def scale_across_folds(folds: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]],
                        scales=None) -> tuple[dict[str, float], dict[float, float]]:
     """``folds[family] = (true_ms, prior_ms, residual_ms)`` of one seed's leave-one-family-out folds. Returns
@@ -678,6 +718,8 @@ def _lofo(base, budget, measured, samples, repeats, rng, log, refit=None) -> dic
             whole = min(by_factor, key=lambda s: (by_factor[s], s))
             lofo_scale[str(seed)] = {"chosen": whole,
                                      "mean_mape_by_factor": {f"{k:g}": v for k, v in by_factor.items()}}
+    for name, by_family in ensemble_errors(folds, budget.seeds, lambda f: f["test"]).items():
+        errors[name] = {ensemble_key(budget.seeds): by_family}  # after the others: their draws stay as they were
     keys_of = {f: [repeat_key(s) for s in samples if s.family == f] for f in held}
     scores = {p: score_groups(errors[p], rng, budget.bootstrap) for p in errors}
     from gnn_ptp.noise import floor_for
@@ -727,7 +769,7 @@ def _by_kind(folds: list, kinds: list, repeats: dict, budget: Budget, rng, group
 
 def _ratios(scores: dict, budget: Budget, *fields) -> dict:
     out = {}
-    for v in budget.variants:
+    for v in [*budget.variants, *(e for e in ENSEMBLED.values() if e in scores)]:
         for f in fields:
             mine, ridge = scores[v][f], scores["ridge"][f]
             out[f"{v} {f}"] = ridge / mine if mine else None
@@ -779,6 +821,8 @@ def _size(base, budget, measured, samples, repeats, rng, log, refit=None) -> dic
         log(f"size seed {seed}: train {fold['n_train']} (<= {fold['train_max_flops']:.3g} FLOPs), "
             f"test {fold['n_test']}  " + "  ".join(f"{p} {errors[p][seed]['size'].mean():5.1f}%" for p in errors)
             + f"  ({seconds:.0f} s)")
+    for name, by_group in ensemble_errors(folds, budget.seeds, lambda f: "size").items():
+        errors[name] = {ensemble_key(budget.seeds): by_group}
     scores = {}
     for p in errors:
         sc = score_groups(errors[p], rng, budget.bootstrap)

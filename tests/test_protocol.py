@@ -233,7 +233,7 @@ def test_lofo_holds_every_family_out_once_per_seed_and_scores_consistently(synth
     assert [(f["seed"], f["test"]) for f in r["folds"]] == [(s, f) for s in (0, 1) for f in sorted(FAMILIES)]
     assert all(f["test"] not in f["val"] for f in r["folds"])
     assert set(r["predictors"]) == {"gnn", "gnn-prior", protocol.HALF, protocol.SCALED, "ridge", "prior",
-                                    protocol.LOFO_SCALED}
+                                    protocol.LOFO_SCALED, protocol.ENSEMBLE, protocol.SCALED_ENSEMBLE}
     for p, sc in r["predictors"].items():
         per = {f: row["mape"] for f, row in sc["per_group"].items()}
         assert sc["mean_mape"] == pytest.approx(np.mean(list(per.values())))
@@ -248,6 +248,28 @@ def test_lofo_holds_every_family_out_once_per_seed_and_scores_consistently(synth
     # a CPU's prior comes from microbenchmarks, not from the data: used as shipped, nothing refitted
     assert r["prior_refitted"] == [] and not any("prior_refit" in f for f in r["folds"])
     json.dumps(r)
+
+
+def test_the_seed_ensemble_is_each_family_s_geometric_mean_over_seeds_and_needs_two_seeds(synthetic_dir):
+    budget = dataclasses.replace(BUDGET, seeds=(0, 1, 2), families=tuple(FAMILIES[:2]), variants=("gnn-prior",))
+    r = protocol.run("lofo", synthetic_dir, RESIDUAL, budget, log=lambda _: None)
+    assert list(r["predictors"])[-2:] == [protocol.ENSEMBLE, protocol.SCALED_ENSEMBLE]
+    for row, name in protocol.ENSEMBLED.items():
+        sc = r["predictors"][name]
+        assert list(sc["per_seed_mean_mape"]) == ["0+1+2"]
+        for family in FAMILIES[:2]:
+            folds = [f for f in r["folds"] if f["test"] == family]
+            assert len(folds) == 3 and all(f["keys"] == folds[0]["keys"] for f in folds)
+            geo = np.prod([np.array(f["pred_ms"][row]) for f in folds], axis=0) ** (1 / 3)
+            assert sc["per_group"][family]["mape"] == pytest.approx(metrics.ape(geo, np.array(folds[0]["true_ms"])).mean())
+        assert r["ratios"][f"{name} mean_mape"] == pytest.approx(r["predictors"]["ridge"]["mean_mape"] / sc["mean_mape"])
+    assert f"{protocol.SCALED_ENSEMBLE} " in protocol.format_result(r)
+    # one seed: no ensemble rows; folds of different configurations cannot be ensembled
+    assert protocol.ensemble_errors(r["folds"], (0,), lambda f: f["test"]) == {}
+    broken = json.loads(json.dumps(r["folds"]))
+    broken[0]["keys"] = broken[0]["keys"][::-1]
+    with pytest.raises(ValueError, match="test different configurations"):
+        protocol.ensemble_errors(broken, (0, 1, 2), lambda f: f["test"])
 
 
 def test_lofo_ridge_and_prior_rows_are_recomputable_from_the_fold(synthetic_dir):
@@ -548,9 +570,17 @@ def test_size_protocol_reports_the_split_and_every_predictor(synthetic_dir, monk
     fold = r["folds"][0]
     assert fold["test_min_flops"] >= 1.5 * fold["train_max_flops"]
     # no families to choose a factor across: the size protocol has no such row
-    assert set(r["predictors"]) == {"gnn", "gnn-prior", protocol.HALF, protocol.SCALED, "ridge", "prior"}
+    assert set(r["predictors"]) == {"gnn", "gnn-prior", protocol.HALF, protocol.SCALED, "ridge", "prior",
+                                    protocol.ENSEMBLE, protocol.SCALED_ENSEMBLE}
     assert all(sc["n"] == fold["n_test"] and sc["ci95"][0] <= sc["ci95"][1] for sc in r["predictors"].values())
     assert "size" in protocol.format_result(r)
+    # both seeds test the same configurations: the ensemble prices each at the seeds' geometric mean
+    a, b = r["folds"]
+    assert a["keys"] == b["keys"]
+    for row, name in protocol.ENSEMBLED.items():
+        geo = np.sqrt(np.array(a["pred_ms"][row]) * np.array(b["pred_ms"][row]))
+        assert r["predictors"][name]["mape"] == pytest.approx(metrics.ape(geo, np.array(a["true_ms"])).mean())
+        assert r["predictors"][name]["per_seed_mape"] == {"0+1": pytest.approx(r["predictors"][name]["mape"])}
 
 
 def test_size_protocol_refuses_data_without_the_range(synthetic_dir, monkeypatch):
