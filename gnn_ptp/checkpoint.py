@@ -77,10 +77,38 @@ def scale_note(scale: float, by: str = "validation") -> str:
     return f"its learnt correction to the prior scaled by {scale:g}, {whose}"
 
 
+def ensemble_note(meta: dict) -> str:
+    """What answers for a seed-ensemble checkpoint (``TrainConfig.ensemble_seeds``), in one wording for
+    ``predict``'s expected error and ``evaluate``'s table; empty for one model."""
+    ens = meta.get("ensemble")
+    if not isinstance(ens, dict):
+        return ""
+    members = ens.get("members") or []
+    factors = [(m.get("correction_scale") or {}).get("chosen") for m in members]
+    note = (f"the geometric mean of {len(members)} models trained with seeds "
+            f"{', '.join(str(m.get('seed')) for m in members)}")
+    if any(f is not None for f in factors):
+        note += (", each its correction to the prior scaled by the factor its own validation families chose ("
+                 + ", ".join("1" if f is None else f"{f:g}" for f in factors) + ")")
+    return note
+
+
+def _members(meta: dict, path) -> list[dict]:
+    """A seed-ensemble checkpoint's member records (``meta["ensemble"]["members"]``), checked; [] for one model."""
+    ens = meta.get("ensemble")
+    if ens is None:
+        return []
+    members = ens.get("members") if isinstance(ens, dict) else None
+    if not isinstance(members, list) or len(members) < 2 or not all(isinstance(m, dict) for m in members):
+        raise UserError(f"checkpoint {path}: meta.json's ensemble lists no members (two or more); the checkpoint is "
+                        "damaged (retrain it or restore it from git)")
+    return members
+
+
 def load(path: str | Path):
     """Return ``(model, meta)``; the model is in eval mode."""
     from gnn_ptp.graph import FEATURE_VERSION
-    from gnn_ptp.model import ModelConfig, StepTimeGNN
+    from gnn_ptp.model import ModelConfig, SeedEnsemble, StepTimeGNN
 
     path = Path(path)
     if not (path / "meta.json").is_file() or not (path / "model.pt").is_file():
@@ -96,8 +124,10 @@ def load(path: str | Path):
     if meta.get("feature_version") != FEATURE_VERSION:
         raise UserError(f"checkpoint {path} was trained on graph features v{meta.get('feature_version')}, "
                         f"this gnn-ptp builds v{FEATURE_VERSION}: retrain it with `gnn-ptp train`")
+    members = _members(meta, path)
     try:
-        model = StepTimeGNN(ModelConfig(**meta["model"]))
+        model = (SeedEnsemble([StepTimeGNN(ModelConfig(**meta["model"])) for _ in members]) if members
+                 else StepTimeGNN(ModelConfig(**meta["model"])))
     except (TypeError, ValueError, UserError) as e:
         raise UserError(f"checkpoint {path}: meta.json's model config is not one this gnn-ptp builds "
                         f"({first_line(e)})") from None
@@ -115,10 +145,14 @@ def load(path: str | Path):
                         "the two files come from different trainings")
     model.load_state_dict(state)
     model.correction_scale = correction_scale(meta, path)
+    for member, record in zip(getattr(model, "members", ()), members):  # each its own factor
+        member.correction_scale = correction_scale(record, path)
     if isinstance(meta.get("hardware_descriptor"), dict):  # what the model assumes of graphs that carry none
         from gnn_ptp.descriptor import Descriptor
 
         model.descriptor = Descriptor.from_dict(meta["hardware_descriptor"])
+        for member in getattr(model, "members", ()):
+            member.descriptor = model.descriptor
     stored, now = meta.get("prior_calibration") or {}, prior_calibration(model)
     changed = sorted(s for s in stored if now.get(s) != stored[s])
     if changed:

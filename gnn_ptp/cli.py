@@ -289,10 +289,13 @@ def run_train(args) -> int:
         result = train(cfg, args.data, args.out, logger=logger, strict=args.strict)
         if args.baselines:
             families = result["split"]
-            unaware = dataclasses.replace(
-                cfg, model=dataclasses.replace(cfg.model, precision_aware=False),
+            first = (result.get("ensemble") or {}).get("members", [{}])[0]
+            unaware = dataclasses.replace(  # one model, on the (first member's) split
+                cfg, model=dataclasses.replace(cfg.model, precision_aware=False), ensemble_seeds=None,
+                seed=first.get("seed", cfg.seed),
                 test_families=tuple(f for f, s in families.items() if s == "test"),
-                val_families=tuple(f for f, s in families.items() if s == "val"))
+                val_families=tuple(first["val_families"]) if first else
+                tuple(f for f, s in families.items() if s == "val"))
             from pathlib import Path
 
             print("training the precision-unaware baseline (graphs traced as fp32) ...", file=sys.stderr)

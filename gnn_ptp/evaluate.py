@@ -133,6 +133,7 @@ def evaluate(checkpoint_dir: str | Path, data_dir: str | Path, split: str = "tes
     result.update(checkpoint=str(checkpoint_dir), data=str(data_dir), split=split, hardware=meta["hardware"],
                   labels=labels, correction_scale=model.correction_scale,
                   correction_scale_by=checkpoint.scale_source(meta),
+                  **({"ensemble": checkpoint.ensemble_note(meta)} if meta.get("ensemble") else {}),
                   held_out_families=sorted(set(families)) if split == "test" else None,
                   trained_on_data_hash=meta.get("data_hash"), data_hash=data_hash)
     if plot:
@@ -187,6 +188,8 @@ def format_table(r: dict) -> str:
     scaled = checkpoint.scale_note(r.get("correction_scale", 1.0), r.get("correction_scale_by", "validation"))
     if scaled:
         lines.append(f"gnn: {scaled} (the roofline row is the prior alone)")
+    if r.get("ensemble"):
+        lines.append(f"gnn: {r['ensemble']}")
     if r.get("prior_moved"):
         m = r["prior_moved"]
         lines.append(f"gnn priced over the prior of {m['from']} (the kind it was trained on) moved to "

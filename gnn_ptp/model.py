@@ -328,3 +328,46 @@ class StepTimeGNN(nn.Module):
 def log_total(log_phase_ms: torch.Tensor) -> torch.Tensor:
     """log(forward + backward + optimizer) from per-phase log times; empty phases (-inf) add nothing."""
     return torch.logsumexp(log_phase_ms, dim=-1)
+
+
+class SeedEnsemble(nn.Module):
+    """Several ``StepTimeGNN`` of one config trained with different seeds (``TrainConfig.ensemble_seeds``: each
+    its own initialisation, batches and, unless the config names them, validation families; each its own factor
+    on its correction), answering as one model: each graph's step at the geometric mean of the members' step
+    times, split into phases by the geometric means of the members' phase times, each phase into nodes by the
+    geometric means of their node times (so node times still add up to their phase, as ``explain`` and the DDP
+    overlap read them), and its peak memory at the geometric mean of theirs. Declared before a run not yet seen
+    scored it (README *Protocol*, "A seed ensemble"; ``protocol.ENSEMBLED`` scores the same step times)."""
+
+    def __init__(self, members: list[StepTimeGNN]):
+        super().__init__()
+        if len(members) < 2 or any(m.cfg != members[0].cfg for m in members):
+            raise ValueError("an ensemble needs two members or more of one model config")
+        self.members = nn.ModuleList(members)
+        self.cfg = members[0].cfg
+        self.descriptor = members[0].descriptor
+        """What every member assumes of graphs that carry no hardware (``StepTimeGNN.descriptor``): set on the
+        ensemble (``predict --cpu-kind`` sets it on a copy), lent to the members for each forward."""
+        self.correction_scale = 1.0
+        """No factor of its own: each member's correction is scaled by its own (``members[i].correction_scale``)."""
+
+    def forward(self, data) -> dict[str, torch.Tensor]:
+        outs = []
+        for m in self.members:
+            kept, m.descriptor = m.descriptor, self.descriptor
+            try:
+                outs.append(m(data))
+            finally:
+                m.descriptor = kept
+        log_phase = torch.stack([o["log_phase_ms"] for o in outs]).mean(0)
+        log_step = torch.stack([log_total(o["log_phase_ms"]) for o in outs]).mean(0)
+        total = log_total(log_phase)
+        log_phase = log_phase + torch.where(torch.isfinite(total), log_step - total, torch.zeros_like(total))[:, None]
+        out = {"log_phase_ms": log_phase, "log_memory": torch.stack([o["log_memory"] for o in outs]).mean(0)}
+        if all("log_node_ms" in o for o in outs):
+            nodes = torch.stack([o["log_node_ms"] for o in outs]).mean(0)
+            batch = data.batch if getattr(data, "batch", None) is not None else torch.zeros_like(data.phase)
+            group = batch * N_PHASES + data.phase
+            share = scatter_logsumexp(nodes, group, log_phase.numel())
+            out["log_node_ms"] = nodes - share[group] + log_phase.reshape(-1)[group]
+        return out

@@ -350,7 +350,7 @@ def checkpoint_error(meta: dict, family: str | None, outside: bool = False, othe
                f"{overall['n']} measured steps of families the checkpoint never saw ({families})")
     err = {"summary": summary, "held_out": {"mape": overall["mape"], "n": overall["n"],
                                               "per_family": {f: per[f]["mape"] for f in sorted(per)}}}
-    from gnn_ptp.checkpoint import correction_scale, scale_note, scale_source, trained_labels
+    from gnn_ptp.checkpoint import correction_scale, ensemble_note, scale_note, scale_source, trained_labels
     from gnn_ptp.dataset import label_note
 
     labels = trained_labels(meta)
@@ -361,6 +361,10 @@ def checkpoint_error(meta: dict, family: str | None, outside: bool = False, othe
     if scale != 1.0:  # the figure above is the scaled model's: say what answers
         err["correction_scale"] = scale
         err["summary"] += f"; {scale_note(scale, scale_source(meta))}" + (" (the prior alone)" if scale == 0 else "")
+    members = ensemble_note(meta)
+    if members:  # the figure above is the ensemble's: say what answers
+        err["ensemble"] = len(meta["ensemble"]["members"])
+        err["summary"] += f"; {members}"
     if family:
         role = (meta.get("split") or {}).get(family)
         if family in per:

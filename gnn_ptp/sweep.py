@@ -158,6 +158,10 @@ def sweep(data_dir: str | Path, trials: int, storage: str | Path | None = None, 
 
     log = log or print
     base = base or TrainConfig()
+    if base.ensemble_seeds:
+        raise UserError(f"--config: ensemble_seeds = {list(base.ensemble_seeds)}: a sweep scores each trial's one "
+                        "model on its validation families; drop ensemble_seeds from the sweep's base config (an "
+                        "ensemble's members choose their own validation families)")
     prepared = prepare(data_dir, base, log)  # once: fails early on bad data; every trial reuses it
     _, samples, split, parts = prepared
     if not parts["train"] or not parts["val"]:

@@ -72,6 +72,11 @@ class TrainConfig:
     for this kind (``protocol.LOFO_SCALED``: each family's factor chosen on the other families' folds); the
     checkpoint carries it with every factor's validation and test MAPE, as ``scale_on_validation`` does.
     None: no fixed factor. Not with ``scale_on_validation``."""
+    ensemble_seeds: tuple[int, ...] | None = None
+    """Two seeds or more: train one model per seed (each its own initialisation, batches and, unless
+    ``val_families`` names them, validation families drawn by its seed; each its own factor with
+    ``scale_on_validation``) on the same test families (those of ``seed``), and answer at the geometric mean of
+    their step times (``model.SeedEnsemble``). None: one model, trained with ``seed``."""
 
     def __post_init__(self):
         for name in ("batch_size", "epochs", "patience", "seed"):
@@ -107,6 +112,12 @@ class TrainConfig:
             if self.scale_on_validation:
                 raise UserError(f"training config: correction_scale = {factor!r} and scale_on_validation = true "
                                 "both set the factor on the correction; keep one")
+        if self.ensemble_seeds is not None:
+            seeds = self.ensemble_seeds
+            if (not isinstance(seeds, tuple) or len(seeds) < 2 or len(set(seeds)) != len(seeds)
+                    or any(not isinstance(x, int) or isinstance(x, bool) for x in seeds)):
+                raise UserError(f"training config: ensemble_seeds = {list(seeds) if isinstance(seeds, tuple) else seeds!r} "
+                                "must be two different integer seeds or more, e.g. [0, 1, 2]")
         if self.node_weight and self.model.readout != "node_sum":
             raise UserError(f"training config: node_weight = {self.node_weight!r} needs per-node shares of the "
                             f"phase times: [model] readout = \"node_sum\", not {self.model.readout!r} (a queue "
@@ -123,6 +134,8 @@ class TrainConfig:
             raise UserError(f"training config: 'model' must be a [model] table, not {model!r}")
         model = ModelConfig(**_checked(model, ModelConfig, "[model]"))
         d = _checked(d, cls, "training config")
+        if isinstance(d.get("ensemble_seeds"), list):
+            d["ensemble_seeds"] = tuple(d["ensemble_seeds"])
         for key in ("test_families", "val_families"):
             if isinstance(d.get(key), str):
                 d[key] = (d[key],)  # test_families = "gpt2" means one family, not four letters
@@ -285,6 +298,8 @@ def train(cfg: TrainConfig, data_dir: str | Path, out: str | Path | None, logger
         torch.set_num_threads(cfg.threads)
     seed_everything(cfg.seed)
     measured, samples, split, parts = prepared or prepare(data_dir, cfg, log, strict)
+    if cfg.ensemble_seeds:
+        return _train_ensemble(cfg, data_dir, out, logger, log, (measured, samples, split, parts))
     if not parts["train"] or not parts["val"]:
         raise UserError(f"need train and validation families; split: {split}")
     hardware = measured[0].hardware
@@ -387,28 +402,93 @@ def train(cfg: TrainConfig, data_dir: str | Path, out: str | Path | None, logger
                         **({"test_mape": result_metrics["test"]["overall"]["mape"]}
                            if "test" in result_metrics else {})})
     if out is not None:
-        import torch_geometric
+        _save(cfg, model, data_dir, out, parts["train"], parts["train"] + parts["val"], parts, summary, log)
+    summary["model"] = model
+    return summary
 
-        from gnn_ptp.graph import FEATURE_VERSION
-        from gnn_ptp.records import now_utc
 
-        over_prior = checkpoint.prior_calibration(model)
-        meta = {
-            "model": cfg.model.to_dict(), "train": cfg.to_dict(), "feature_version": FEATURE_VERSION,
-            "hardware": hardware, "trace_target": dataset.trace_target(hardware),
-            "data_dir": str(data_dir), "created": now_utc(), "torch": torch.__version__,
-            "torch_geometric": torch_geometric.__version__, "train_ranges": train_ranges(parts["train"]),
-            **({"hardware_descriptor": model.descriptor.to_dict(),
-                "hardware_kinds": sorted({s.hardware_name for s in parts["train"] + parts["val"]})}
-               if model.descriptor is not None else {}),
-            **({"prior_calibration": over_prior} if over_prior else {}),
-            **summary,
-        }
-        summary["checkpoint"] = str(checkpoint.save(model, meta, out))
-        if cfg.model.precision_aware:  # the ridge baseline of `evaluate`, fitted once here on these graphs
-            from gnn_ptp.baselines import GraphTotalsRidge, save_ridge
+def _save(cfg: TrainConfig, model, data_dir, out, trained: list, seen: list, parts: dict, summary: dict,
+          log) -> None:
+    """Write the checkpoint (``model.pt`` + ``meta.json``, ``summary`` in it) and the ridge baseline of
+    ``evaluate``, fitted once here on ``parts``' graphs. ``trained``: the graphs the model's ranges are
+    those of; ``seen``: those of every hardware kind it knows."""
+    import torch_geometric
 
-            save_ridge(GraphTotalsRidge().fit(parts["train"], parts["val"]), summary["data_hash"], out)
-        log(f"checkpoint written to {out}")
+    from gnn_ptp.graph import FEATURE_VERSION
+    from gnn_ptp.records import now_utc
+
+    hardware = summary["hardware"]
+    over_prior = checkpoint.prior_calibration(model)
+    meta = {
+        "model": cfg.model.to_dict(), "train": cfg.to_dict(), "feature_version": FEATURE_VERSION,
+        "hardware": hardware, "trace_target": dataset.trace_target(hardware),
+        "data_dir": str(data_dir), "created": now_utc(), "torch": torch.__version__,
+        "torch_geometric": torch_geometric.__version__, "train_ranges": train_ranges(trained),
+        **({"hardware_descriptor": model.descriptor.to_dict(),
+            "hardware_kinds": sorted({s.hardware_name for s in seen})}
+           if model.descriptor is not None else {}),
+        **({"prior_calibration": over_prior} if over_prior else {}),
+        **summary,
+    }
+    summary["checkpoint"] = str(checkpoint.save(model, meta, out))
+    if cfg.model.precision_aware:
+        from gnn_ptp.baselines import GraphTotalsRidge, save_ridge
+
+        save_ridge(GraphTotalsRidge().fit(parts["train"], parts["val"]), summary["data_hash"], out)
+    log(f"checkpoint written to {out}")
+
+
+def _train_ensemble(cfg: TrainConfig, data_dir, out, logger, log, prepared) -> dict:
+    """``train`` with ``cfg.ensemble_seeds``: one model per seed on the test families of ``cfg.seed``'s split,
+    each with its own validation families (drawn by its seed unless the config names them), combined into a
+    ``SeedEnsemble``. The checkpoint's split: the test families, a family ``val`` if every member validated
+    on it, else ``train``; each member's own split, epoch, validation MAPE and factor are in
+    ``meta["ensemble"]``. The ridge baseline is fitted on the first member's split."""
+    from gnn_ptp.model import SeedEnsemble
+
+    measured, samples, split, parts = prepared
+    test = tuple(sorted(f for f, role in split.items() if role == "test"))
+    families = [s.family for s in samples]
+    members, runs, member_parts = [], [], []
+    start = time.perf_counter()
+    for i, seed in enumerate(cfg.ensemble_seeds):
+        mine = dataclasses.replace(cfg, seed=seed, ensemble_seeds=None, test_families=test)
+        own = dataset.family_split(families, seed, test, cfg.val_families, cfg.test_fraction, cfg.val_fraction)
+        own_parts = {name: [s for s in samples if own[s.family] == name] for name in ("train", "val", "test")}
+        log(f"ensemble member {i + 1} of {len(cfg.ensemble_seeds)}: seed {seed}")
+        run = train(mine, data_dir, None, logger=None, log=log, prepared=(measured, samples, own, own_parts))
+        members.append(run.pop("model"))
+        runs.append((seed, own, run))
+        member_parts.append(own_parts)
+    model = SeedEnsemble(members).eval()
+    train_s = time.perf_counter() - start
+    roles = {f: "test" if f in test else "val" if all(own[f] == "val" for _, own, _ in runs) else "train"
+             for f in split}
+    result_metrics = {}
+    if parts["test"]:
+        p = predict_samples(model, parts["test"])
+        result_metrics["test"] = metrics.report(p["pred_ms"][:, 3], p["true_ms"][:, 3],
+                                                [s.precision for s in parts["test"]],
+                                                [s.family for s in parts["test"]])
+    ensemble = {"seeds": list(cfg.ensemble_seeds), "members": [
+        {"seed": seed, "val_families": sorted(f for f, role in own.items() if role == "val"),
+         "best_epoch": run["best_epoch"], "val_mape": run["val_mape"], "train_s": run["train_s"],
+         **({"correction_scale": run["correction_scale"]} if "correction_scale" in run else {}),
+         **({"test_mape": run["metrics"]["test"]["overall"]["mape"]} if "test" in run["metrics"] else {})}
+        for seed, own, run in runs]}
+    summary = {"best_epoch": None, "val_mape": None, "train_s": round(train_s, 1), "metrics": result_metrics,
+               "split": roles, "n_samples": len(samples), "data_hash": dataset.data_hash(measured),
+               "hardware": measured[0].hardware, "ensemble": ensemble}
+    log(f"ensemble of {len(members)}: "
+        + (f"test MAPE {result_metrics['test']['overall']['mape']:.2f}% (members "
+           + ", ".join(f"{m['test_mape']:.2f}%" for m in ensemble["members"]) + ")" if result_metrics else "no test families")
+        + f"  ({train_s:.0f} s)")
+    if logger:
+        logger.summary({"ensemble": len(members), **({"test_mape": result_metrics["test"]["overall"]["mape"]}
+                                                      if result_metrics else {})})
+    if out is not None:
+        trained = [s for s in samples if any(own[s.family] == "train" for _, own, _ in runs)]
+        seen = [s for s in samples if roles[s.family] != "test"]
+        _save(cfg, model, data_dir, out, trained, seen, member_parts[0], summary, log)
     summary["model"] = model
     return summary
