@@ -634,6 +634,10 @@ def run(protocol: str, data_dirs, config=None, budget: Budget = Budget(), log=No
         raise UserError(f"--protocol {protocol!r}: allowed: {', '.join(PROTOCOLS)}" + closest(protocol, PROTOCOLS))
     log = log or (lambda msg: print(msg, file=sys.stderr))
     base = config if isinstance(config, TrainConfig) else load_train_config(config)
+    if base.ensemble_seeds:
+        raise UserError(f"--config: ensemble_seeds = {list(base.ensemble_seeds)}: the protocol trains one model per "
+                        f"fold and seed and scores the seeds' ensemble itself ({ENSEMBLE}, {SCALED_ENSEMBLE}: "
+                        "give the seeds as --seeds); drop ensemble_seeds from the config")
     if budget.labels is None:  # the config's labels: the protocol scores what train with it would ship
         budget = dataclasses.replace(budget, labels=base.labels)
     data_dirs = [data_dirs] if isinstance(data_dirs, (str, Path)) else list(data_dirs)

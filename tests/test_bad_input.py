@@ -139,6 +139,8 @@ CASES = [
      "not_toml.toml"),
     ("train-config-bad-lr", ["train", *DATA, "--out", "{t}/ck", "--config", "{t}/bad_lr.toml"], "lr"),
     ("train-config-bad-type", ["train", *DATA, "--out", "{t}/ck", "--config", "{t}/bad_epochs.toml"], "epochs"),
+    ("train-config-one-seed-ensemble", ["train", *DATA, "--out", "{t}/ck", "--config", "{t}/one_seed_ensemble.toml"],
+     "ensemble_seeds"),
     ("train-config-unknown-key", ["train", *DATA, "--out", "{t}/ck", "--config", "{t}/unknown_key.toml"],
      "bogus_key"),
     # --- evaluate
@@ -267,6 +269,7 @@ def bad_files(tmp_path_factory) -> Path:
     (t / "bad_lr.toml").write_text("lr = -1.0\n")
     (t / "bad_epochs.toml").write_text('epochs = "many"\n')
     (t / "unknown_key.toml").write_text("bogus_key = 1\n")
+    (t / "one_seed_ensemble.toml").write_text("ensemble_seeds = [3]\n")
     lines = _record_lines(6)
     for name, body in {
         "good": lines,

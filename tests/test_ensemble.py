@@ -131,6 +131,11 @@ def test_ensemble_seeds_are_checked_and_a_damaged_ensemble_refused(synthetic_dir
 
     with pytest.raises(UserError, match=r"ensemble_seeds = \[0, 1\]: a sweep scores each trial's one model"):
         sweep(synthetic_dir, 1, base=dataclasses.replace(RESIDUAL, ensemble_seeds=(0, 1)), log=lambda _: None)
+    from gnn_ptp import protocol
+
+    with pytest.raises(UserError, match=r"ensemble_seeds = \[0, 1\]: the protocol trains one model per fold and seed"):
+        protocol.run("lofo", synthetic_dir, dataclasses.replace(RESIDUAL, ensemble_seeds=(0, 1), test_families=None),
+                     protocol.Budget(epochs=1, seeds=(0, 1), threads=1), log=lambda _: None)
     train(dataclasses.replace(RESIDUAL, ensemble_seeds=(0, 1)), synthetic_dir, tmp_path / "ckpt", log=lambda _: None)
     meta = json.loads((tmp_path / "ckpt" / "meta.json").read_text())
     meta["ensemble"]["members"] = meta["ensemble"]["members"][:1]
