@@ -953,10 +953,11 @@ def format_result(r: dict) -> str:
     lines.append("")
     if r["protocol"] == "lofo":
         floor = r["noise_floor"]
-        lines.append(f"{'predictor':<18}{'mean MAPE':>10}  {'95% CI':<14}{'worst family':>22}  {'95% CI':<14}"
+        w = max(18, *(len(p) + 1 for p in r["predictors"]))
+        lines.append(f"{'predictor':<{w}}{'mean MAPE':>10}  {'95% CI':<14}{'worst family':>22}  {'95% CI':<14}"
                      f"{'pooled':>8}   noise floor {_pct(floor).strip()}")
         for p, sc in r["predictors"].items():
-            lines.append(f"{p:<18}{_pct(sc['mean_mape']):>10}  {_ci(sc['mean_ci95']):<14}"
+            lines.append(f"{p:<{w}}{_pct(sc['mean_mape']):>10}  {_ci(sc['mean_ci95']):<14}"
                          f"{sc['worst_family'] + ' ' + _pct(sc['worst_mape']).strip():>22}  {_ci(sc['worst_ci95']):<14}"
                          f"{_pct(sc['pooled_mape']):>8}")
         names = list(r["predictors"])
@@ -974,9 +975,10 @@ def format_result(r: dict) -> str:
                      f"(+{fold['n_val']} "
                      f"validation); test: {fold['n_test']} >= {r['size_factor']:g}x that "
                      f"({', '.join(fold['test_families'])})")
-        lines.append(f"{'predictor':<18}{'MAPE':>8}  {'95% CI':<14}   noise floor {_pct(r['noise_floor']).strip()}")
+        w = max(18, *(len(p) + 1 for p in r["predictors"]))
+        lines.append(f"{'predictor':<{w}}{'MAPE':>8}  {'95% CI':<14}   noise floor {_pct(r['noise_floor']).strip()}")
         for p, sc in r["predictors"].items():
-            lines.append(f"{p:<18}{_pct(sc['mape']):>8}  {_ci(sc['ci95']):<14}")
+            lines.append(f"{p:<{w}}{_pct(sc['mape']):>8}  {_ci(sc['ci95']):<14}")
         lines += _by_kind_lines(r, "the models trained on every kind", worst=False)
     else:
         for pair, row in r["pairs"].items():
