@@ -322,9 +322,10 @@ def test_node_label_config_is_the_shipped_config_plus_node_weight():
 def test_the_shipped_residual_config_is_the_node_label_config_over_the_prior():
     """training/cpu_nodes_prior.toml (checkpoints/cpu since 2026-11-26) differs from training/cpu_nodes.toml
     only in the model's target and hardware descriptor, since the thirty-eighth session in its labels
-    (each configuration's fastest record) and since the thirty-ninth in scaling its correction on the
+    (each configuration's fastest record), since the thirty-ninth in scaling its correction on the
+    validation families, and since the forty-third in being a three-seed ensemble whose members draw their own
     validation families, so the README's comparison of the two checkpoints is of the residual over the prior
-    on the uncontended step; the shipped checkpoint was trained with it and answers with its factor."""
+    on the uncontended step; the shipped checkpoint was trained with it and answers with its members' factors."""
     import dataclasses
     import json
 
@@ -338,17 +339,22 @@ def test_the_shipped_residual_config_is_the_node_label_config_over_the_prior():
                                 hardware_descriptor=nodes.model.hardware_descriptor)
     assert residual.labels == "fastest" and nodes.labels == "mean"
     assert residual.scale_on_validation and not nodes.scale_on_validation
-    assert dataclasses.replace(residual, model=plain, labels=nodes.labels, scale_on_validation=False) == nodes
+    assert residual.ensemble_seeds == (0, 1, 2) and residual.val_families is None and nodes.ensemble_seeds is None
+    assert dataclasses.replace(residual, model=plain, labels=nodes.labels, scale_on_validation=False,
+                               ensemble_seeds=None, val_families=nodes.val_families) == nodes
     meta = json.loads((REPO / "checkpoints" / "cpu" / "meta.json").read_text())
     assert meta["model"]["target"] == "log_ratio_prior" and meta["model"]["hardware_descriptor"]
     assert meta["train"]["node_weight"] == residual.node_weight and meta["train"]["labels"] == residual.labels
-    assert meta["train"]["scale_on_validation"] is True
+    assert meta["train"]["scale_on_validation"] is True and meta["train"]["ensemble_seeds"] == [0, 1, 2]
+    assert [m["seed"] for m in meta["ensemble"]["members"]] == [0, 1, 2]
+    assert all("chosen" in m["correction_scale"] for m in meta["ensemble"]["members"])
     from gnn_ptp import checkpoint
     from gnn_ptp.train import CORRECTION_SCALES
 
-    scaling = meta["correction_scale"]
-    assert scaling["chosen"] in CORRECTION_SCALES and checkpoint.correction_scale(meta) == scaling["chosen"]
-    assert scaling["val_mape"][f"{scaling['chosen']:g}"] == min(scaling["val_mape"].values())
+    for member in meta["ensemble"]["members"]:  # each its own factor, the best on its own validation families
+        scaling = member["correction_scale"]
+        assert scaling["chosen"] in CORRECTION_SCALES and checkpoint.correction_scale(member) == scaling["chosen"]
+        assert scaling["val_mape"][f"{scaling['chosen']:g}"] == min(scaling["val_mape"].values())
 
 
 def test_node_seconds_less_the_profilers_cost_on_a_real_harvest(harvested, labelled):
