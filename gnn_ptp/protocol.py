@@ -481,7 +481,8 @@ def ensemble_errors(folds: list, seeds, group) -> dict[str, dict[str, np.ndarray
     (``pred_ms``, 4 significant digits, so a stored run re-scores to the same figures): for each group
     (``group(fold)``: the family left out, or one group) the geometric mean over ``seeds`` of each residual
     row's predictions. Empty with fewer than two seeds or no residual rows; a group whose seeds' folds test
-    different configurations is refused (a bug, not a user's input)."""
+    different configurations is refused (a bug, not a user's input). A run over several kinds' folders scores
+    its ensembles over every kind pooled: its per-kind rows (``by_kind``) have none."""
     seeds = list(seeds)
     if len(seeds) < 2:
         return {}
