@@ -476,8 +476,9 @@ row, its own factor), what a checkpoint of that many members trained with those 
 before any run not yet seen scored it (README *Protocol*, "A seed ensemble")."""
 
 
-def ensemble_errors(folds: list, seeds, group) -> dict[str, dict[str, np.ndarray]]:
-    """``{ensemble row: {group: absolute percentage errors}}`` from the folds' stored predictions
+def ensemble_errors(folds: list, seeds, group) -> dict[str, dict[str, dict[str, np.ndarray]]]:
+    """``{ensemble row: {pseudo-seed: {group: absolute percentage errors}}}`` (the shape of a protocol's
+    ``errors``; the one pseudo-seed is the seeds joined by +, e.g. ``0+1``) from the folds' stored predictions
     (``pred_ms``, 4 significant digits, so a stored run re-scores to the same figures): for each group
     (``group(fold)``: the family left out, or one group) the geometric mean over ``seeds`` of each residual
     row's predictions. Empty with fewer than two seeds or no residual rows; a group whose seeds' folds test
@@ -493,19 +494,15 @@ def ensemble_errors(folds: list, seeds, group) -> dict[str, dict[str, np.ndarray
     for row, name in ENSEMBLED.items():
         if not all(row in f["pred_ms"] for f in folds):
             continue
-        out[name] = {}
+        out[name] = rows = {}
         for g, by_seed in by_group.items():
             first = by_seed[seeds[0]]
             if any(by_seed[s]["keys"] != first["keys"] for s in seeds):
                 raise ValueError(f"ensemble of group {g!r}: the seeds' folds test different configurations")
             logs = np.mean([np.log(np.array(by_seed[s]["pred_ms"][row], dtype=float)) for s in seeds], axis=0)
-            out[name][g] = metrics.ape(np.exp(logs), np.array(first["true_ms"], dtype=float))
-    return out
-
-
-def ensemble_key(seeds) -> str:
-    """The one pseudo-seed an ensemble row is scored under (``per_seed_mean_mape``): the seeds joined by +."""
-    return "+".join(str(s) for s in seeds)
+            rows[g] = metrics.ape(np.exp(logs), np.array(first["true_ms"], dtype=float))
+    key = "+".join(str(s) for s in seeds)
+    return {name: {key: rows} for name, rows in out.items()}
 
 
 def scale_across_folds(folds: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]],
@@ -723,8 +720,7 @@ def _lofo(base, budget, measured, samples, repeats, rng, log, refit=None) -> dic
             whole = min(by_factor, key=lambda s: (by_factor[s], s))
             lofo_scale[str(seed)] = {"chosen": whole,
                                      "mean_mape_by_factor": {f"{k:g}": v for k, v in by_factor.items()}}
-    for name, by_family in ensemble_errors(folds, budget.seeds, lambda f: f["test"]).items():
-        errors[name] = {ensemble_key(budget.seeds): by_family}  # after the others: their draws stay as they were
+    errors.update(ensemble_errors(folds, budget.seeds, lambda f: f["test"]))  # last: the others' draws stay
     keys_of = {f: [repeat_key(s) for s in samples if s.family == f] for f in held}
     scores = {p: score_groups(errors[p], rng, budget.bootstrap) for p in errors}
     from gnn_ptp.noise import floor_for
@@ -826,8 +822,7 @@ def _size(base, budget, measured, samples, repeats, rng, log, refit=None) -> dic
         log(f"size seed {seed}: train {fold['n_train']} (<= {fold['train_max_flops']:.3g} FLOPs), "
             f"test {fold['n_test']}  " + "  ".join(f"{p} {errors[p][seed]['size'].mean():5.1f}%" for p in errors)
             + f"  ({seconds:.0f} s)")
-    for name, by_group in ensemble_errors(folds, budget.seeds, lambda f: "size").items():
-        errors[name] = {ensemble_key(budget.seeds): by_group}
+    errors.update(ensemble_errors(folds, budget.seeds, lambda f: "size"))
     scores = {}
     for p in errors:
         sc = score_groups(errors[p], rng, budget.bootstrap)
@@ -952,9 +947,9 @@ def format_result(r: dict) -> str:
         lines.append(f"prior of {', '.join(r['prior_refitted'])}: refitted in every fold to the fold's training "
                      "configurations (kernels and steps), never to the ones it is scored on")
     lines.append("")
+    w = max([18, *(len(p) + 1 for p in r.get("predictors", ()))])  # the predictor column
     if r["protocol"] == "lofo":
         floor = r["noise_floor"]
-        w = max(18, *(len(p) + 1 for p in r["predictors"]))
         lines.append(f"{'predictor':<{w}}{'mean MAPE':>10}  {'95% CI':<14}{'worst family':>22}  {'95% CI':<14}"
                      f"{'pooled':>8}   noise floor {_pct(floor).strip()}")
         for p, sc in r["predictors"].items():
@@ -976,7 +971,6 @@ def format_result(r: dict) -> str:
                      f"(+{fold['n_val']} "
                      f"validation); test: {fold['n_test']} >= {r['size_factor']:g}x that "
                      f"({', '.join(fold['test_families'])})")
-        w = max(18, *(len(p) + 1 for p in r["predictors"]))
         lines.append(f"{'predictor':<{w}}{'MAPE':>8}  {'95% CI':<14}   noise floor {_pct(r['noise_floor']).strip()}")
         for p, sc in r["predictors"].items():
             lines.append(f"{p:<{w}}{_pct(sc['mape']):>8}  {_ci(sc['ci95']):<14}")

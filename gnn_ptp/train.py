@@ -449,7 +449,7 @@ def _train_ensemble(cfg: TrainConfig, data_dir, out, logger, log, prepared) -> d
     measured, samples, split, parts = prepared
     test = tuple(sorted(f for f, role in split.items() if role == "test"))
     families = [s.family for s in samples]
-    members, runs, member_parts = [], [], []
+    members, runs, first_parts = [], [], None
     start = time.perf_counter()
     for i, seed in enumerate(cfg.ensemble_seeds):
         mine = dataclasses.replace(cfg, seed=seed, ensemble_seeds=None, test_families=test)
@@ -459,7 +459,7 @@ def _train_ensemble(cfg: TrainConfig, data_dir, out, logger, log, prepared) -> d
         run = train(mine, data_dir, None, logger=None, log=log, prepared=(measured, samples, own, own_parts))
         members.append(run.pop("model"))
         runs.append((seed, own, run))
-        member_parts.append(own_parts)
+        first_parts = first_parts or own_parts
     model = SeedEnsemble(members).eval()
     train_s = time.perf_counter() - start
     roles = {f: "test" if f in test else "val" if all(own[f] == "val" for _, own, _ in runs) else "train"
@@ -489,6 +489,6 @@ def _train_ensemble(cfg: TrainConfig, data_dir, out, logger, log, prepared) -> d
     if out is not None:
         trained = [s for s in samples if any(own[s.family] == "train" for _, own, _ in runs)]
         seen = [s for s in samples if roles[s.family] != "test"]
-        _save(cfg, model, data_dir, out, trained, seen, member_parts[0], summary, log)
+        _save(cfg, model, data_dir, out, trained, seen, first_parts, summary, log)
     summary["model"] = model
     return summary
