@@ -60,6 +60,36 @@ def correction_scale(meta: dict, path="checkpoint") -> float:
     return float(chosen)
 
 
+def beyond_scale(meta: dict, path="checkpoint") -> tuple[float, float] | None:
+    """A residual checkpoint's factor for steps beyond its training range and that range's largest step FLOPs
+    (``TrainConfig.scale_beyond_range``), or None for a checkpoint that chose none."""
+    beyond = meta.get("beyond_scale")
+    if beyond is None:
+        return None
+    chosen = beyond.get("chosen") if isinstance(beyond, dict) else None
+    top = beyond.get("train_max_flops") if isinstance(beyond, dict) else None
+    if (isinstance(chosen, bool) or not isinstance(chosen, (int, float)) or not 0 <= chosen <= 1
+            or isinstance(top, bool) or not isinstance(top, (int, float)) or not top > 0):
+        raise UserError(f"checkpoint {path}: meta.json's beyond_scale ({beyond!r}) needs a factor between 0 and 1 "
+                        "and a positive train_max_flops; the checkpoint is damaged (retrain it or restore it from git)")
+    return float(chosen), float(top)
+
+
+def beyond_note(meta: dict) -> str:
+    """What answers beyond a checkpoint's training range (``beyond_scale``; each member's for an ensemble), in one
+    wording for ``predict``; empty for a checkpoint without it."""
+    from gnn_ptp.model import BEYOND_FACTOR
+
+    records = [m for m in (meta.get("ensemble") or {}).get("members") or []] or [meta]
+    factors = [(r.get("beyond_scale") or {}).get("chosen") for r in records]
+    if all(f is None for f in factors):
+        return ""
+    return (f"beyond its largest training step its correction's factor moves to "
+            + ", ".join("1" if f is None else f"{f:g}" for f in factors)
+            + f" (reached at {BEYOND_FACTOR:g}x those FLOPs), chosen by how a model trained on its smaller training "
+            "steps fared on its larger ones")
+
+
 def scale_source(meta: dict) -> str:
     """Who chose a scaled checkpoint's factor: "validation" (``scale_on_validation``; checkpoints from before
     the field existed) or "config" (a fixed ``correction_scale`` in its training config)."""
@@ -144,9 +174,9 @@ def load(path: str | Path):
                         f"weights missing, {len(have - set(expected))} unexpected, or shapes differ); "
                         "the two files come from different trainings")
     model.load_state_dict(state)
-    model.correction_scale = correction_scale(meta, path)
-    for member, record in zip(getattr(model, "members", ()), members):  # each its own factor
-        member.correction_scale = correction_scale(record, path)
+    for one, record in ([(model, meta)] if not members else zip(model.members, members)):  # each its own factors
+        one.correction_scale = correction_scale(record, path)
+        one.beyond_scale, one.train_max_flops = beyond_scale(record, path) or (None, None)
     if isinstance(meta.get("hardware_descriptor"), dict):  # what the model assumes of graphs that carry none
         from gnn_ptp.descriptor import Descriptor
 

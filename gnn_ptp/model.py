@@ -29,6 +29,12 @@ NORMS = ("layer", "batch", "graph", "none")
 READOUTS = ("node_sum", "pool", "queue")
 TARGETS = ("log_ms", "log_ratio_prior")
 N_PHASES = 3
+BEYOND_FACTOR = 2.0
+"""How far beyond the largest training step (by FLOPs) a residual model's correction reaches its factor for
+larger steps (``StepTimeGNN.beyond_scale``): blended in log FLOPs from the in-range factor at the largest
+training step to that factor at twice its FLOPs and beyond; also the inner size split's gap
+(``train.inner_size_split``: its check steps have at least twice the FLOPs of its training half's largest).
+Declared before any run scored it (README *Protocol*, "A factor for larger steps")."""
 TRUST_FADE = math.log(2.0)
 """Width (log ms) over which ``trust_region`` fades a node's correction (a sigmoid): half at the longest
 training kernel's prior time, 0.27 at twice it, 0.12 at four times."""
@@ -170,6 +176,13 @@ class StepTimeGNN(nn.Module):
         prior alone; 0.5: the geometric mean of the two), chosen on the validation families by ``train`` when
         its config asks (``TrainConfig.scale_on_validation``) and restored by ``checkpoint.load`` from
         meta.json. Not a weight: a checkpoint trained before it existed loads with 1."""
+        self.beyond_scale = None
+        """With target log_ratio_prior: the factor on the correction for steps beyond the training range, chosen by
+        ``train`` on an inner size split (``TrainConfig.scale_beyond_range``), None without one: from the largest
+        training step's FLOPs (``train_max_flops``) to ``BEYOND_FACTOR`` times them the factor moves in log FLOPs
+        from ``correction_scale`` to it. Not a weight: restored by ``checkpoint.load`` from meta.json."""
+        self.train_max_flops = None
+        """The largest training step's FLOPs (with ``beyond_scale``)."""
         self.descriptor = None
         """The hardware (``descriptor.Descriptor``) of graphs that carry none (``hw``, ``prior_log_ms``):
         the training data's, set by ``train`` and restored by ``checkpoint.load`` from meta.json."""
@@ -262,11 +275,12 @@ class StepTimeGNN(nn.Module):
         out = {"log_memory": self.memory(pooled).squeeze(-1) + self.memory_offset}
         if self.cfg.readout == "queue":
             device = self._hardware(data, "prior_device_log_ms")
+            factor = self.factors(data)
             log_node = self._scaled(self._trusted(self.node_time(torch.cat([h, g[data.batch]], dim=-1)).squeeze(-1)
-                                                  + self.time_offset, device, data.x_cat)) + device
+                                                  + self.time_offset, device, data.x_cat), factor, data.batch) + device
             out["log_kernel_ms"] = log_node
             out["log_phase_ms"] = self._queued(data, log_node,
-                                               torch.exp(self._scaled(torch.tanh(self.host_scale(pooled)))))
+                                               torch.exp(self._scaled(torch.tanh(self.host_scale(pooled)), factor)))
             # per-node times that add up to their phase, as node_sum's do (what explain and the DDP overlap
             # read): each kernel's device time scaled to its phase of the queue
             group = data.batch * N_PHASES + data.phase
@@ -278,7 +292,7 @@ class StepTimeGNN(nn.Module):
             if self.cfg.target == "log_ratio_prior":
                 if self.cfg.trust_region:
                     log_node = self._trusted(log_node, self._hardware(data, "prior_device_log_ms"), data.x_cat)
-                log_node = self._scaled(log_node) + self._hardware(data, "prior_log_ms")
+                log_node = self._scaled(log_node, self.factors(data), data.batch) + self._hardware(data, "prior_log_ms")
             group = data.batch * N_PHASES + data.phase
             phase = scatter_logsumexp(log_node, group, n_graphs * N_PHASES).view(n_graphs, N_PHASES)
             out["log_node_ms"] = log_node
@@ -288,14 +302,34 @@ class StepTimeGNN(nn.Module):
                 group = data.batch * N_PHASES + data.phase
                 prior_phase = scatter_logsumexp(self._hardware(data, "prior_log_ms"), group,
                                                 n_graphs * N_PHASES).view(n_graphs, N_PHASES)
-                phase = self._scaled(phase) + torch.where(torch.isfinite(prior_phase), prior_phase,
+                phase = self._scaled(phase, self.factors(data)) + torch.where(torch.isfinite(prior_phase), prior_phase,
                                                           torch.zeros_like(prior_phase))
         out["log_phase_ms"] = phase
         return out
 
-    def _scaled(self, correction: torch.Tensor) -> torch.Tensor:
-        """A log-correction to the prior times ``correction_scale`` (untouched at 1)."""
-        return correction if self.correction_scale == 1.0 else correction * self.correction_scale
+    def factors(self, data) -> float | torch.Tensor:
+        """The factor on each graph's correction to the prior: ``correction_scale``, or with ``beyond_scale`` a
+        [G] tensor moving from it to ``beyond_scale`` as the graph's step FLOPs go from ``train_max_flops`` to
+        ``BEYOND_FACTOR`` times them (linear in log FLOPs)."""
+        if self.beyond_scale is None:
+            return self.correction_scale
+        batch = getattr(data, "batch", None)
+        batch = torch.zeros(data.x.shape[0], dtype=torch.long) if batch is None else batch
+        flops = torch.zeros(int(data.u.shape[0]), dtype=torch.float64).index_add(
+            0, batch, torch.exp2(data.x[:, 0].double()) - 1)  # node feature 0 is log2(1 + FLOPs)
+        top = max(float(self.train_max_flops), 1.0)
+        w = (torch.log(flops.clamp_min(1.0) / top) / math.log(BEYOND_FACTOR)).clamp(0.0, 1.0)
+        return (self.correction_scale + w * (self.beyond_scale - self.correction_scale)).to(data.x.dtype)
+
+    @staticmethod
+    def _scaled(correction: torch.Tensor, factor: float | torch.Tensor, batch=None) -> torch.Tensor:
+        """A log-correction to the prior times ``factor`` (``factors``: one number, or one per graph, indexed by
+        ``batch`` for per-node corrections); untouched at 1."""
+        if not isinstance(factor, torch.Tensor):
+            return correction if factor == 1.0 else correction * factor
+        if correction.dim() == 1:  # per node
+            return correction * factor[batch if batch is not None else torch.zeros_like(correction, dtype=torch.long)]
+        return correction * factor[:, None]
 
     def _trusted(self, correction: torch.Tensor, prior_device_log_ms: torch.Tensor,
                  x_cat: torch.Tensor) -> torch.Tensor:

@@ -395,15 +395,18 @@ def prior_refit(data_dirs, log, strict: bool = False, transfer: str = "nearest",
 
 def _variant_config(base, variant: str, budget: Budget, seed: int, test, val):
     model = base.model
+    beyond = base.scale_beyond_range
     if variant == "gnn-prior":
         model = dataclasses.replace(model, target="log_ratio_prior", hardware_descriptor=True)
+    else:  # the precision-aware log-time GNN: no correction to scale
+        beyond = False
     epochs = budget.epochs or base.epochs
     patience = min(budget.patience or base.patience, epochs)
     return dataclasses.replace(base, model=model, epochs=epochs, patience=patience, seed=seed,
                                test_families=tuple(test), val_families=tuple(val),
                                threads=budget.threads or base.threads,
                                scale_on_validation=False,  # fit_predict scores the correction both ways
-                               correction_scale=None)
+                               correction_scale=None, scale_beyond_range=beyond)
 
 
 def fit_predict(base, budget: Budget, seed: int, parts: dict, measured, log,
@@ -426,6 +429,8 @@ def fit_predict(base, budget: Budget, seed: int, parts: dict, measured, log,
         everything = [x for part in parts.values() for x in part]
         result = train(cfg, None, None, log=lambda _: None, prepared=(measured, everything, split, parts))
         model = result["model"]
+        beyond = (model.beyond_scale, model.train_max_flops)
+        model.beyond_scale = None  # the rows before BEYOND: without the factor for larger steps
         out[variant] = predict_samples(model, test)["pred_ms"][:, 3]
         info[variant] = {"best_epoch": result["best_epoch"], "val_mape": result["val_mape"],
                          "train_s": round(time.perf_counter() - start, 1)}
@@ -434,6 +439,10 @@ def fit_predict(base, budget: Budget, seed: int, parts: dict, measured, log,
             out[SCALED] = predict_samples(model, test)["pred_ms"][:, 3]
             info[SCALED] = {"correction_scale": chosen,
                             "val_mape": {f"{k:g}": round(v, 3) for k, v in val_mapes.items()}}
+            if "beyond_scale" in result:  # the scaled model with its factor for larger steps: what it ships
+                model.beyond_scale, model.train_max_flops = beyond
+                out[BEYOND] = predict_samples(model, test)["pred_ms"][:, 3]
+                info[BEYOND] = {k: v for k, v in result["beyond_scale"].items()}
     ridge = GraphTotalsRidge().fit(parts["train"], parts["val"])
     out["ridge"] = ridge.predict_ms(test)[:, 3]
     out["prior"] = np.array([float(s.prior_log_ms.double().exp().sum()) for s in test])
@@ -467,9 +476,17 @@ the one the protocol chooses for the kind (``lofo_scale``), the factor a trainin
 nested in the families' labels, not in the models."""
 
 
+BEYOND = "gnn-prior-beyond"
+"""With a config's ``scale_beyond_range``: the scaled row's model (its factor chosen on validation) with its
+factor for steps beyond its training range, chosen on an inner size split of its training steps
+(``train.choose_beyond_scale``; ``StepTimeGNN.beyond_scale``): what a checkpoint trained with both answers.
+Declared before any run scored it (README *Protocol*, "A factor for larger steps")."""
+
+
 ENSEMBLE = "gnn-prior-ensemble"
 SCALED_ENSEMBLE = "gnn-prior-scaled-ensemble"
-ENSEMBLED = {"gnn-prior": ENSEMBLE, SCALED: SCALED_ENSEMBLE}
+BEYOND_ENSEMBLE = "gnn-prior-beyond-ensemble"
+ENSEMBLED = {"gnn-prior": ENSEMBLE, SCALED: SCALED_ENSEMBLE, BEYOND: BEYOND_ENSEMBLE}
 """With two seeds or more, each residual row's seed ensemble: every configuration priced at the geometric mean
 of the seeds' predictions (each seed's model trained with its own validation families and, for the scaled
 row, its own factor), what a checkpoint of that many members trained with those seeds answers. Declared
@@ -503,6 +520,13 @@ def ensemble_errors(folds: list, seeds, group) -> dict[str, dict[str, dict[str, 
             rows[g] = metrics.ape(np.exp(logs), np.array(first["true_ms"], dtype=float))
     key = "+".join(str(s) for s in seeds)
     return {name: {key: rows} for name, rows in out.items()}
+
+
+def _beyond_last(errors: dict) -> dict:
+    """``errors`` with the rows of the factor for larger steps (``BEYOND`` and its ensemble) last, so that every
+    other row's bootstrap draws are those of a run without them."""
+    last = (BEYOND, BEYOND_ENSEMBLE)
+    return {**{k: v for k, v in errors.items() if k not in last}, **{k: errors[k] for k in last if k in errors}}
 
 
 def scale_across_folds(folds: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]],
@@ -696,7 +720,7 @@ def _lofo(base, budget, measured, samples, repeats, rng, log, refit=None) -> dic
     for i, (pred, info, true, val, record), seconds in _map_folds(budget, one, tasks, log):
         seed, family = tasks[i]
         for p, values in pred.items():
-            errors[p][seed][family] = metrics.ape(values, true)
+            errors.setdefault(p, {s: {} for s in budget.seeds})[seed][family] = metrics.ape(values, true)
         folds[i] = {"seed": seed, "test": family, "n_test": len(true), "val": val, **info, **record}
         if "gnn-prior" in pred:
             raw[seed][family] = (true, pred["prior"], pred["gnn-prior"])
@@ -720,7 +744,7 @@ def _lofo(base, budget, measured, samples, repeats, rng, log, refit=None) -> dic
             whole = min(by_factor, key=lambda s: (by_factor[s], s))
             lofo_scale[str(seed)] = {"chosen": whole,
                                      "mean_mape_by_factor": {f"{k:g}": v for k, v in by_factor.items()}}
-    errors.update(ensemble_errors(folds, budget.seeds, lambda f: f["test"]))  # last: the others' draws stay
+    errors = _beyond_last({**errors, **ensemble_errors(folds, budget.seeds, lambda f: f["test"])})  # last: the others' draws stay
     keys_of = {f: [repeat_key(s) for s in samples if s.family == f] for f in held}
     scores = {p: score_groups(errors[p], rng, budget.bootstrap) for p in errors}
     from gnn_ptp.noise import floor_for
@@ -817,12 +841,12 @@ def _size(base, budget, measured, samples, repeats, rng, log, refit=None) -> dic
     for i, (pred, true, fold, test_keys), seconds in _map_folds(budget, one, tasks, log):
         seed = tasks[i]
         for p, values in pred.items():
-            errors[p][seed] = {"size": metrics.ape(values, true)}
+            errors.setdefault(p, {})[seed] = {"size": metrics.ape(values, true)}
         folds[i] = fold
         log(f"size seed {seed}: train {fold['n_train']} (<= {fold['train_max_flops']:.3g} FLOPs), "
             f"test {fold['n_test']}  " + "  ".join(f"{p} {errors[p][seed]['size'].mean():5.1f}%" for p in errors)
             + f"  ({seconds:.0f} s)")
-    errors.update(ensemble_errors(folds, budget.seeds, lambda f: "size"))
+    errors = _beyond_last({**errors, **ensemble_errors(folds, budget.seeds, lambda f: "size")})
     scores = {}
     for p in errors:
         sc = score_groups(errors[p], rng, budget.bootstrap)
@@ -879,7 +903,7 @@ def _hardware(base, budget, measured, samples, repeats, rng, log, refit=None) ->
         by_precision = {}
         for p, values in pred.items():
             ape = metrics.ape(values, true)
-            errors[f][p][seed] = {test_kind: ape}
+            errors[f].setdefault(p, {})[seed] = {test_kind: ape}
             by_precision[p] = {c: float(np.mean([a for a, q in zip(ape, precisions) if q == c]))
                                for c in sorted(set(precisions))}
         records.append({"train": list(train_kinds), "test": test_kind, "seed": seed, **info,
@@ -984,6 +1008,11 @@ def format_result(r: dict) -> str:
         counts = sorted(Counter(scales).items())
         lines += ["", f"{SCALED}: the factor on the correction chosen on each fold's validation families: "
                   + ", ".join(f"{k:g} in {n}" for k, n in counts) + f" of {len(scales)} folds"]
+    beyond = [f[BEYOND]["chosen"] for f in r.get("folds", []) if BEYOND in f]
+    if beyond:
+        counts = sorted(Counter(beyond).items())
+        lines += [f"{BEYOND}: the factor for larger steps chosen on each fold's inner size split: "
+                  + ", ".join(f"{k:g} in {n}" for k, n in counts) + f" of {len(beyond)} folds"]
     across = [f[LOFO_SCALED]["correction_scale"] for f in r.get("folds", []) if LOFO_SCALED in f]
     if across:
         counts = sorted(Counter(across).items())

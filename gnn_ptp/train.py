@@ -72,6 +72,14 @@ class TrainConfig:
     for this kind (``protocol.LOFO_SCALED``: each family's factor chosen on the other families' folds); the
     checkpoint carries it with every factor's validation and test MAPE, as ``scale_on_validation`` does.
     None: no fixed factor. Not with ``scale_on_validation``."""
+    scale_beyond_range: bool = False
+    """With [model] target "log_ratio_prior": a second factor on the correction, for steps larger than every
+    training step (``StepTimeGNN.beyond_scale``): the one of ``CORRECTION_SCALES`` with the lowest step MAPE,
+    on the training steps with at least ``model.BEYOND_FACTOR`` times the FLOPs of the smaller half's largest,
+    of a second model of the same config trained on that smaller half (``choose_beyond_scale``), so that a
+    correction that does not carry to larger steps is shrunk there, and one that does is kept. The checkpoint
+    carries the factor and the training maximum. Declared before any run scored it (README *Protocol*, "A
+    factor for larger steps")."""
     ensemble_seeds: tuple[int, ...] | None = None
     """Two seeds or more: train one model per seed (each its own initialisation, batches and, unless
     ``val_families`` names them, validation families drawn by its seed; each its own factor with
@@ -112,6 +120,11 @@ class TrainConfig:
             if self.scale_on_validation:
                 raise UserError(f"training config: correction_scale = {factor!r} and scale_on_validation = true "
                                 "both set the factor on the correction; keep one")
+        if not isinstance(self.scale_beyond_range, bool):
+            raise UserError(f"training config: scale_beyond_range = {self.scale_beyond_range!r} must be true or false")
+        if self.scale_beyond_range and self.model.target != "log_ratio_prior":
+            raise UserError("training config: scale_beyond_range = true scales a correction to the physical prior: it "
+                            f"needs [model] target = \"log_ratio_prior\", not {self.model.target!r}")
         if self.ensemble_seeds is not None:
             seeds = self.ensemble_seeds
             if (not isinstance(seeds, tuple) or len(seeds) < 2 or len(set(seeds)) != len(seeds)
@@ -235,6 +248,52 @@ def choose_correction_scale(model: StepTimeGNN, val: list) -> tuple[float, dict]
     mapes = mape_by_scale(model, val)
     model.correction_scale = min(mapes, key=lambda k: (mapes[k], k))
     return model.correction_scale, mapes
+
+
+MIN_BEYOND_CHECK = 10
+"""Check steps ``inner_size_split`` needs at least (fewer: ``scale_beyond_range`` refuses, in one line)."""
+
+
+def inner_size_split(train: list) -> tuple[list, list]:
+    """The training steps' smaller half by FLOPs (to train on) and those with at least ``BEYOND_FACTOR`` times
+    the FLOPs of its largest (to check on): the size protocol's split (``protocol.size_split``) inside a
+    training set, at the gap its range allows."""
+    from gnn_ptp.model import BEYOND_FACTOR
+    from gnn_ptp.protocol import step_flops
+
+    order = sorted(train, key=step_flops)
+    half = order[:len(order) // 2]
+    check = [s for s in order if half and step_flops(s) >= BEYOND_FACTOR * step_flops(half[-1])]
+    if len(check) < MIN_BEYOND_CHECK:
+        raise UserError(f"scale_beyond_range needs {MIN_BEYOND_CHECK} training steps or more with "
+                        f"{BEYOND_FACTOR:g}x the FLOPs of the smaller half's largest; these {len(train)} have "
+                        f"{len(check)}: their sizes span too narrow a range (set scale_beyond_range = false)")
+    return half, check
+
+
+def choose_beyond_scale(cfg: "TrainConfig", parts: dict, measured, log) -> dict:
+    """``scale_beyond_range``'s factor: a model of ``cfg`` trained on the smaller half of ``parts["train"]`` by
+    FLOPs (``inner_size_split``; early stopping on ``parts["val"]``), and the factor of ``CORRECTION_SCALES`` on
+    its correction with the lowest step MAPE on the larger training steps (the smaller factor on a tie).
+    Returns its record: chosen, the check's MAPE by factor, the sizes."""
+    from gnn_ptp.protocol import step_flops
+
+    half, check = inner_size_split(parts["train"])
+    inner = dataclasses.replace(cfg, scale_beyond_range=False, scale_on_validation=False, correction_scale=None,
+                                ensemble_seeds=None)
+    start = time.perf_counter()
+    log(f"factor for larger steps: a model on the {len(half)} smaller training steps, checked on the {len(check)} "
+        f"with >= {step_flops(check[0]) / step_flops(half[-1]):.1f}x their largest's FLOPs")
+    run = train(inner, None, None, log=lambda _: None,
+                prepared=(measured, half + parts["val"], {}, {"train": half, "val": parts["val"], "test": []}))
+    mapes = mape_by_scale(run["model"], check)
+    chosen = min(mapes, key=lambda k: (mapes[k], k))
+    log("factor for larger steps: " + ", ".join(f"{k:g} {v:.2f}%" for k, v in mapes.items())
+        + f" -> {chosen:g}  ({time.perf_counter() - start:.0f} s)")
+    return {"chosen": chosen, "check_mape": {f"{k:g}": v for k, v in mapes.items()}, "n_inner_train": len(half),
+            "n_check": len(check), "inner_max_flops": step_flops(half[-1]),
+            "train_max_flops": max(step_flops(s) for s in parts["train"]), "inner_best_epoch": run["best_epoch"],
+            "train_s": round(time.perf_counter() - start, 1)}
 
 
 def trust_boundary(samples: list, by_category: bool = False) -> torch.Tensor:
@@ -381,6 +440,10 @@ def train(cfg: TrainConfig, data_dir: str | Path, out: str | Path | None, logger
                    "val_mape": {f"{k:g}": v for k, v in val_mapes.items()},
                    "test_mape": {f"{k:g}": v for k, v in test_mapes.items()}}
         log(f"correction to the prior scaled by {chosen:g}{said}")
+    beyond = None
+    if cfg.scale_beyond_range:
+        beyond = choose_beyond_scale(cfg, parts, measured, log)
+        model.beyond_scale, model.train_max_flops = beyond["chosen"], beyond["train_max_flops"]
 
     result_metrics = {}
     for name, part in parts.items():
@@ -393,6 +456,7 @@ def train(cfg: TrainConfig, data_dir: str | Path, out: str | Path | None, logger
         "metrics": result_metrics, "split": split, "n_samples": len(samples),
         "data_hash": dataset.data_hash(measured), "hardware": hardware,
         **({"correction_scale": scaling} if scaling else {}),
+        **({"beyond_scale": beyond} if beyond else {}),
     }
     log(f"best epoch {best['epoch']}: val MAPE {best['val_mape']:.2f}%"
         + (f", test MAPE {result_metrics['test']['overall']['mape']:.2f}%" if "test" in result_metrics else "")
@@ -474,6 +538,7 @@ def _train_ensemble(cfg: TrainConfig, data_dir, out, logger, log, prepared) -> d
         {"seed": seed, "val_families": sorted(f for f, role in own.items() if role == "val"),
          "best_epoch": run["best_epoch"], "val_mape": run["val_mape"], "train_s": run["train_s"],
          **({"correction_scale": run["correction_scale"]} if "correction_scale" in run else {}),
+         **({"beyond_scale": run["beyond_scale"]} if "beyond_scale" in run else {}),
          **({"test_mape": run["metrics"]["test"]["overall"]["mape"]} if "test" in run["metrics"] else {})}
         for seed, own, run in runs]}
     summary = {"best_epoch": None, "val_mape": None, "train_s": round(train_s, 1), "metrics": result_metrics,

@@ -254,7 +254,10 @@ def test_the_seed_ensemble_is_each_family_s_geometric_mean_over_seeds_and_needs_
     budget = dataclasses.replace(BUDGET, seeds=(0, 1, 2), families=tuple(FAMILIES[:2]), variants=("gnn-prior",))
     r = protocol.run("lofo", synthetic_dir, RESIDUAL, budget, log=lambda _: None)
     assert list(r["predictors"])[-2:] == [protocol.ENSEMBLE, protocol.SCALED_ENSEMBLE]
+    assert protocol.BEYOND_ENSEMBLE not in r["predictors"]  # without scale_beyond_range: no such row
     for row, name in protocol.ENSEMBLED.items():
+        if row == protocol.BEYOND:
+            continue
         sc = r["predictors"][name]
         assert list(sc["per_seed_mean_mape"]) == ["0+1+2"]
         for family in FAMILIES[:2]:
@@ -578,6 +581,8 @@ def test_size_protocol_reports_the_split_and_every_predictor(synthetic_dir, monk
     a, b = r["folds"]
     assert a["keys"] == b["keys"]
     for row, name in protocol.ENSEMBLED.items():
+        if row == protocol.BEYOND:  # without scale_beyond_range: no such row (tests/test_beyond_scale.py)
+            continue
         geo = np.sqrt(np.array(a["pred_ms"][row]) * np.array(b["pred_ms"][row]))
         assert r["predictors"][name]["mape"] == pytest.approx(metrics.ape(geo, np.array(a["true_ms"])).mean())
         assert r["predictors"][name]["per_seed_mape"] == {"0+1": pytest.approx(r["predictors"][name]["mape"])}
