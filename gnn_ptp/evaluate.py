@@ -134,6 +134,7 @@ def evaluate(checkpoint_dir: str | Path, data_dir: str | Path, split: str = "tes
                   labels=labels, correction_scale=model.correction_scale,
                   correction_scale_by=checkpoint.scale_source(meta),
                   **({"ensemble": checkpoint.ensemble_note(meta)} if meta.get("ensemble") else {}),
+                  **({"beyond": checkpoint.beyond_note(meta)} if checkpoint.beyond_note(meta) else {}),
                   held_out_families=sorted(set(families)) if split == "test" else None,
                   trained_on_data_hash=meta.get("data_hash"), data_hash=data_hash)
     if plot:
@@ -190,6 +191,8 @@ def format_table(r: dict) -> str:
         lines.append(f"gnn: {scaled} (the roofline row is the prior alone)")
     if r.get("ensemble"):
         lines.append(f"gnn: {r['ensemble']}")
+    if r.get("beyond"):
+        lines.append(f"gnn: {r['beyond']}")
     if r.get("prior_moved"):
         m = r["prior_moved"]
         lines.append(f"gnn priced over the prior of {m['from']} (the kind it was trained on) moved to "

@@ -387,6 +387,25 @@ def checkpoint_error(meta: dict, family: str | None, outside: bool = False, othe
     return err
 
 
+def _beyond_step_note(meta: dict, tensors) -> str | None:
+    """For a step with more FLOPs than the checkpoint's largest training step, where the checkpoint has a factor
+    for larger steps (``TrainConfig.scale_beyond_range``): how far beyond it is and what factor answers; else None."""
+    from gnn_ptp.checkpoint import beyond_note
+    from gnn_ptp.model import BEYOND_FACTOR
+
+    records = [m for m in (meta.get("ensemble") or {}).get("members") or []] or [meta]
+    tops = [(r.get("beyond_scale") or {}).get("train_max_flops") for r in records]
+    if any(t is None for t in tops):
+        return None
+    flops = float((torch.exp2(tensors["x"][:, 0].double()) - 1).sum())
+    if flops <= min(tops):
+        return None
+    reach = min(1.0, max(0.0, math.log(flops / min(tops)) / math.log(BEYOND_FACTOR)))
+    return (f"this step has {flops / min(tops):.3g}x the FLOPs of the checkpoint's largest training step: "
+            f"{beyond_note(meta)}; here {reach:.0%} of the way"
+            + (" for the member with the smallest training range" if len(set(tops)) > 1 else ""))
+
+
 def _unlog(value: float) -> float:
     """The inverse of ``graph._log``: log2(1 + x) -> x."""
     return max(2.0 ** value - 1.0, 0.0)
@@ -659,7 +678,9 @@ def predict_many(spec: str, precisions: list[str], batch_size: int, seq_len: int
                        f"{'CPU' if hw_name == 'cpu' else 'GPU'} here (gnn-ptp predict --hardware {hw_name} "
                        f"--analytic{' --cpu-kind ' + prior_kind if prior_kind else ''}; outside its training "
                        "range the checkpoint's answer rests on no step like this one)")
-        notes = ([kind_note] if kind_note else []) + ([untrained[p]] if p in untrained else []) + ood
+        beyond = None if analytic else _beyond_step_note(meta, tensors)
+        notes = ([kind_note] if kind_note else []) + ([untrained[p]] if p in untrained else []) + ood + (
+            [beyond] if beyond else [])
         if left_out_note:
             notes.insert(0, left_out_note)
         if slowdown > 1:

@@ -141,6 +141,9 @@ CASES = [
     ("train-config-bad-type", ["train", *DATA, "--out", "{t}/ck", "--config", "{t}/bad_epochs.toml"], "epochs"),
     ("train-config-one-seed-ensemble", ["train", *DATA, "--out", "{t}/ck", "--config", "{t}/one_seed_ensemble.toml"],
      "ensemble_seeds"),
+    ("train-config-beyond-without-residual", ["train", *DATA, "--out", "{t}/ck", "--config", "{t}/beyond_log_ms.toml"],
+     "scale_beyond_range"),
+    ("train-jobs-zero", ["train", *DATA, "--out", "{t}/ck", "--jobs", "0"], "--jobs"),
     ("train-config-unknown-key", ["train", *DATA, "--out", "{t}/ck", "--config", "{t}/unknown_key.toml"],
      "bogus_key"),
     # --- evaluate
@@ -270,6 +273,7 @@ def bad_files(tmp_path_factory) -> Path:
     (t / "bad_epochs.toml").write_text('epochs = "many"\n')
     (t / "unknown_key.toml").write_text("bogus_key = 1\n")
     (t / "one_seed_ensemble.toml").write_text("ensemble_seeds = [3]\n")
+    (t / "beyond_log_ms.toml").write_text("scale_beyond_range = true\n")
     lines = _record_lines(6)
     for name, body in {
         "good": lines,

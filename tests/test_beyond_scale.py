@@ -118,6 +118,10 @@ def test_training_chooses_the_factor_on_the_inner_split_and_the_checkpoint_answe
     if beyond["chosen"] != model.correction_scale:  # a step beyond the range answers with the other factor
         assert checkpoint.beyond_note(meta).startswith("beyond its largest training step its correction's factor "
                                                        f"moves to {beyond['chosen']:g}")
+    from gnn_ptp.evaluate import evaluate, format_table
+
+    table = format_table(evaluate(tmp_path / "ckpt", synthetic_dir, log=lambda _: None))
+    assert f"gnn: {checkpoint.beyond_note(meta)}" in table
     # a damaged record is refused in one line
     meta["beyond_scale"]["chosen"] = 2
     (tmp_path / "ckpt" / "meta.json").write_text(json.dumps(meta))
@@ -180,3 +184,23 @@ def test_the_size_protocol_scores_the_factor_for_larger_steps_last_and_leaves_th
         metrics.ape(geo, np.array(a["true_ms"])).mean())
     assert f"{protocol.BEYOND}: the factor for larger steps chosen on each fold's inner size split" in \
         protocol.format_result(r)
+
+
+def test_predict_says_how_far_beyond_the_largest_training_step_a_step_is_and_what_factor_answers():
+    from gnn_ptp.prediction import _beyond_step_note
+
+    x = torch.zeros(3, 4)
+    x[:, 0] = math.log2(1 + 1e9)  # three nodes of 1 GFLOP: a 3 GFLOP step
+    one = {"beyond_scale": {"chosen": 0.25, "train_max_flops": 1e9}}
+    note = _beyond_step_note(one, {"x": x})
+    assert note.startswith("this step has 3x the FLOPs of the checkpoint's largest training step: beyond its "
+                           "largest training step its correction's factor moves to 0.25")
+    assert note.endswith("here 100% of the way")
+    half = _beyond_step_note({"beyond_scale": {"chosen": 0.25, "train_max_flops": 3e9 / math.sqrt(2)}}, {"x": x})
+    assert "1.41x the FLOPs" in half and half.endswith("here 50% of the way")
+    assert _beyond_step_note({"beyond_scale": {"chosen": 0.25, "train_max_flops": 4e9}}, {"x": x}) is None
+    assert _beyond_step_note({}, {"x": x}) is None  # no factor for larger steps: no note
+    ensemble = {"ensemble": {"members": [{"beyond_scale": {"chosen": 0.0, "train_max_flops": 2e9}},
+                                         {"beyond_scale": {"chosen": 0.5, "train_max_flops": 1e9}}]}}
+    note = _beyond_step_note(ensemble, {"x": x})
+    assert "moves to 0, 0.5" in note and note.endswith("for the member with the smallest training range")

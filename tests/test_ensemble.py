@@ -160,3 +160,42 @@ def test_cli_trains_an_ensemble_from_a_config_with_its_baseline_on_the_first_mem
     assert "ensemble" not in base and base["model"]["precision_aware"] is False
     assert sorted(f for f, role in base["split"].items() if role == "val") == first["val_families"]
     assert sorted(f for f, role in base["split"].items() if role == "test") == ["syn-alpha"]
+
+
+ENSEMBLE_JOBS_SCRIPT = """
+import json, sys
+from pathlib import Path
+import synthetic_data
+from synthetic_data import FAMILIES, write_synthetic_dataset
+synthetic_data.install()
+from gnn_ptp.model import ModelConfig
+from gnn_ptp.train import TrainConfig, predict_samples, prepare, train
+folder = write_synthetic_dataset(Path(sys.argv[1]))
+cfg = TrainConfig(model=ModelConfig(hidden=16, depth=1, target="log_ratio_prior", hardware_descriptor=True),
+                  epochs=2, threads=1, test_families=(FAMILIES[0],), scale_on_validation=True, ensemble_seeds=(0, 1, 2))
+log = []
+runs = {jobs: train(cfg, folder, None, log=log.append, jobs=jobs) for jobs in (2, 1)}  # forked first: no autograd yet
+samples = prepare(folder, cfg, lambda _: None)[1]
+print(json.dumps({"pred": {j: predict_samples(r["model"], samples)["pred_ms"].tolist() for j, r in runs.items()},
+                  "members": {j: r["ensemble"]["members"] for j, r in runs.items()}, "log": log}))
+"""
+
+
+def test_members_trained_in_forked_processes_are_those_trained_one_after_another(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tests = Path(__file__).parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tests.parent), str(tests)])}
+    run = subprocess.run([sys.executable, "-c", ENSEMBLE_JOBS_SCRIPT, str(tmp_path / "synthetic")], env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    r = json.loads(run.stdout.strip().splitlines()[-1])
+    assert r["pred"]["2"] == r["pred"]["1"]
+    strip = [{k: v for k, v in m.items() if k != "train_s"} for m in r["members"]["2"]]
+    assert strip == [{k: v for k, v in m.items() if k != "train_s"} for m in r["members"]["1"]]
+    assert [m["seed"] for m in r["members"]["2"]] == [0, 1, 2]
+    assert not any("one at a time" in line for line in r["log"])  # the workers did train
+    assert any(line.startswith("ensemble member 3 of 3: seed 2") for line in r["log"])  # one after another
