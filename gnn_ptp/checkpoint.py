@@ -84,7 +84,7 @@ def beyond_note(meta: dict) -> str:
     factors = [(r.get("beyond_scale") or {}).get("chosen") for r in records]
     if all(f is None for f in factors):
         return ""
-    return (f"beyond its largest training step its correction's factor moves to "
+    return ("beyond its largest training step its correction's factor moves to "
             + ", ".join("1" if f is None else f"{f:g}" for f in factors)
             + f" (reached at {BEYOND_FACTOR:g}x those FLOPs), chosen by how a model trained on its smaller training "
             "steps fared on its larger ones")

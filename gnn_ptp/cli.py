@@ -257,9 +257,6 @@ def add_train_parser(sub) -> None:
     p.add_argument("--seed", type=int, help="overrides the config's seed")
     p.add_argument("--epochs", type=_positive_int, help="overrides the config's epochs")
     p.add_argument("--threads", type=_positive_int, help="torch CPU threads")
-    p.add_argument("--jobs", type=_positive_int, default=1,
-                   help="a seed ensemble's members (ensemble_seeds) trained this many at a time, each in a forked "
-                        "process with --threads threads (default 1: one after another; the same models either way)")
     p.add_argument("--baselines", action="store_true",
                    help="also train the precision-unaware baseline (into OUT/baselines/)")
     p.add_argument("--wandb", action="store_true", help="log config, curves and metrics to Weights & Biases")
@@ -289,7 +286,7 @@ def run_train(args) -> int:
         logger = WandbLogger({**cfg.to_dict(), "data": args.data}, project=args.wandb_project,
                              tags=["train"])
     try:
-        result = train(cfg, args.data, args.out, logger=logger, strict=args.strict, jobs=args.jobs)
+        result = train(cfg, args.data, args.out, logger=logger, strict=args.strict)
         if args.baselines:
             families = result["split"]
             first = (result.get("ensemble") or {}).get("members", [{}])[0]

@@ -402,7 +402,7 @@ def _beyond_step_note(meta: dict, tensors) -> str | None:
         return None
     reach = min(1.0, max(0.0, math.log(flops / min(tops)) / math.log(BEYOND_FACTOR)))
     return (f"this step has {flops / min(tops):.3g}x the FLOPs of the checkpoint's largest training step: "
-            f"{beyond_note(meta)}; here {reach:.0%} of the way"
+            f"{beyond_note(meta)}; for this step the move is {reach:.0%} complete"
             + (" for the member with the smallest training range" if len(set(tops)) > 1 else ""))
 
 

@@ -346,11 +346,10 @@ def prepare(data_dir, cfg: TrainConfig, log, strict: bool = False):
 
 
 def train(cfg: TrainConfig, data_dir: str | Path, out: str | Path | None, logger=None, log=None,
-          on_epoch=None, prepared=None, strict: bool = False, jobs: int = 1) -> dict:
+          on_epoch=None, prepared=None, strict: bool = False) -> dict:
     """Train; save a checkpoint to ``out`` (if given). ``on_epoch(epoch, val_mape)`` may raise to stop
     (Optuna pruning). ``prepared`` is ``prepare(...)``'s result, for callers that train many times on
-    the same data (sweeps). ``jobs``: a seed ensemble's members trained that many at a time, each in a forked
-    process (the same models as one at a time). Returns the run's summary (metrics, split, paths)."""
+    the same data (sweeps). Returns the run's summary (metrics, split, paths)."""
     from torch_geometric.loader import DataLoader
 
     log = log or (lambda msg: print(msg, file=sys.stderr))
@@ -359,7 +358,7 @@ def train(cfg: TrainConfig, data_dir: str | Path, out: str | Path | None, logger
     seed_everything(cfg.seed)
     measured, samples, split, parts = prepared or prepare(data_dir, cfg, log, strict)
     if cfg.ensemble_seeds:
-        return _train_ensemble(cfg, data_dir, out, logger, log, (measured, samples, split, parts), jobs)
+        return _train_ensemble(cfg, data_dir, out, logger, log, (measured, samples, split, parts))
     if not parts["train"] or not parts["val"]:
         raise UserError(f"need train and validation families; split: {split}")
     hardware = measured[0].hardware
@@ -503,7 +502,7 @@ def _save(cfg: TrainConfig, model, data_dir, out, trained: list, seen: list, par
     log(f"checkpoint written to {out}")
 
 
-def _train_ensemble(cfg: TrainConfig, data_dir, out, logger, log, prepared, jobs: int = 1) -> dict:
+def _train_ensemble(cfg: TrainConfig, data_dir, out, logger, log, prepared) -> dict:
     """``train`` with ``cfg.ensemble_seeds``: one model per seed on the test families of ``cfg.seed``'s split,
     each with its own validation families (drawn by its seed unless the config names them), combined into a
     ``SeedEnsemble``. The checkpoint's split: the test families, a family ``val`` if every member validated
@@ -514,28 +513,17 @@ def _train_ensemble(cfg: TrainConfig, data_dir, out, logger, log, prepared, jobs
     measured, samples, split, parts = prepared
     test = tuple(sorted(f for f, role in split.items() if role == "test"))
     families = [s.family for s in samples]
-    from gnn_ptp.protocol import Budget, _map_folds
-
-    n = len(cfg.ensemble_seeds)
-    splits = [dataset.family_split(families, seed, test, cfg.val_families, cfg.test_fraction, cfg.val_fraction)
-              for seed in cfg.ensemble_seeds]
-    member_parts = [{name: [s for s in samples if own[s.family] == name] for name in ("train", "val", "test")}
-                    for own in splits]
-    first_parts = member_parts[0]
-
-    def member(i: int) -> dict:
-        seed = cfg.ensemble_seeds[i]
-        mine = dataclasses.replace(cfg, seed=seed, ensemble_seeds=None, test_families=test)
-        say = log if jobs == 1 else (lambda msg: log(f"[member {i + 1}] {msg}"))
-        say(f"ensemble member {i + 1} of {n}: seed {seed}")
-        return train(mine, data_dir, None, logger=None, log=say, prepared=(measured, samples, splits[i], member_parts[i]))
-
+    members, runs, first_parts = [], [], None
     start = time.perf_counter()
-    done = {}
-    for i, run, _ in _map_folds(Budget(jobs=jobs, threads=cfg.threads or 1), member, list(range(n)), log):
-        done[i] = run
-    members = [done[i].pop("model") for i in range(n)]
-    runs = [(cfg.ensemble_seeds[i], splits[i], done[i]) for i in range(n)]
+    for i, seed in enumerate(cfg.ensemble_seeds):
+        mine = dataclasses.replace(cfg, seed=seed, ensemble_seeds=None, test_families=test)
+        own = dataset.family_split(families, seed, test, cfg.val_families, cfg.test_fraction, cfg.val_fraction)
+        own_parts = {name: [s for s in samples if own[s.family] == name] for name in ("train", "val", "test")}
+        log(f"ensemble member {i + 1} of {len(cfg.ensemble_seeds)}: seed {seed}")
+        run = train(mine, data_dir, None, logger=None, log=log, prepared=(measured, samples, own, own_parts))
+        members.append(run.pop("model"))
+        runs.append((seed, own, run))
+        first_parts = first_parts or own_parts
     model = SeedEnsemble(members).eval()
     train_s = time.perf_counter() - start
     roles = {f: "test" if f in test else "val" if all(own[f] == "val" for _, own, _ in runs) else "train"

@@ -143,7 +143,6 @@ CASES = [
      "ensemble_seeds"),
     ("train-config-beyond-without-residual", ["train", *DATA, "--out", "{t}/ck", "--config", "{t}/beyond_log_ms.toml"],
      "scale_beyond_range"),
-    ("train-jobs-zero", ["train", *DATA, "--out", "{t}/ck", "--jobs", "0"], "--jobs"),
     ("train-config-unknown-key", ["train", *DATA, "--out", "{t}/ck", "--config", "{t}/unknown_key.toml"],
      "bogus_key"),
     # --- evaluate

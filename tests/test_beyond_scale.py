@@ -195,9 +195,9 @@ def test_predict_says_how_far_beyond_the_largest_training_step_a_step_is_and_wha
     note = _beyond_step_note(one, {"x": x})
     assert note.startswith("this step has 3x the FLOPs of the checkpoint's largest training step: beyond its "
                            "largest training step its correction's factor moves to 0.25")
-    assert note.endswith("here 100% of the way")
+    assert note.endswith("for this step the move is 100% complete")
     half = _beyond_step_note({"beyond_scale": {"chosen": 0.25, "train_max_flops": 3e9 / math.sqrt(2)}}, {"x": x})
-    assert "1.41x the FLOPs" in half and half.endswith("here 50% of the way")
+    assert "1.41x the FLOPs" in half and half.endswith("for this step the move is 50% complete")
     assert _beyond_step_note({"beyond_scale": {"chosen": 0.25, "train_max_flops": 4e9}}, {"x": x}) is None
     assert _beyond_step_note({}, {"x": x}) is None  # no factor for larger steps: no note
     ensemble = {"ensemble": {"members": [{"beyond_scale": {"chosen": 0.0, "train_max_flops": 2e9}},
