@@ -254,19 +254,19 @@ MIN_BEYOND_CHECK = 10
 """Check steps ``inner_size_split`` needs at least (fewer: ``scale_beyond_range`` refuses, in one line)."""
 
 
-def inner_size_split(train: list) -> tuple[list, list]:
+def inner_size_split(steps: list) -> tuple[list, list]:
     """The training steps' smaller half by FLOPs (to train on) and those with at least ``BEYOND_FACTOR`` times
     the FLOPs of its largest (to check on): the size protocol's split (``protocol.size_split``) inside a
     training set, at the gap its range allows."""
     from gnn_ptp.model import BEYOND_FACTOR
     from gnn_ptp.protocol import step_flops
 
-    order = sorted(train, key=step_flops)
+    order = sorted(steps, key=step_flops)
     half = order[:len(order) // 2]
     check = [s for s in order if half and step_flops(s) >= BEYOND_FACTOR * step_flops(half[-1])]
     if len(check) < MIN_BEYOND_CHECK:
         raise UserError(f"scale_beyond_range needs {MIN_BEYOND_CHECK} training steps or more with "
-                        f"{BEYOND_FACTOR:g}x the FLOPs of the smaller half's largest; these {len(train)} have "
+                        f"{BEYOND_FACTOR:g}x the FLOPs of the smaller half's largest; these {len(steps)} have "
                         f"{len(check)}: their sizes span too narrow a range (set scale_beyond_range = false)")
     return half, check
 
