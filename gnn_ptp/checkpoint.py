@@ -75,13 +75,17 @@ def beyond_scale(meta: dict, path="checkpoint") -> tuple[float, float] | None:
     return float(chosen), float(top)
 
 
+def model_records(meta: dict) -> list[dict]:
+    """The records that carry a checkpoint's factors: each member's for a seed ensemble, else ``meta`` itself."""
+    return list((meta.get("ensemble") or {}).get("members") or []) or [meta]
+
+
 def beyond_note(meta: dict) -> str:
     """What answers beyond a checkpoint's training range (``beyond_scale``; each member's for an ensemble), in one
     wording for ``predict``; empty for a checkpoint without it."""
     from gnn_ptp.model import BEYOND_FACTOR
 
-    records = [m for m in (meta.get("ensemble") or {}).get("members") or []] or [meta]
-    factors = [(r.get("beyond_scale") or {}).get("chosen") for r in records]
+    factors = [(r.get("beyond_scale") or {}).get("chosen") for r in model_records(meta)]
     if all(f is None for f in factors):
         return ""
     return ("beyond its largest training step its correction's factor moves to "

@@ -134,7 +134,7 @@ def evaluate(checkpoint_dir: str | Path, data_dir: str | Path, split: str = "tes
                   labels=labels, correction_scale=model.correction_scale,
                   correction_scale_by=checkpoint.scale_source(meta),
                   **({"ensemble": checkpoint.ensemble_note(meta)} if meta.get("ensemble") else {}),
-                  **({"beyond": checkpoint.beyond_note(meta)} if checkpoint.beyond_note(meta) else {}),
+                  **({"beyond": beyond} if (beyond := checkpoint.beyond_note(meta)) else {}),
                   held_out_families=sorted(set(families)) if split == "test" else None,
                   trained_on_data_hash=meta.get("data_hash"), data_hash=data_hash)
     if plot:

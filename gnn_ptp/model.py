@@ -315,10 +315,8 @@ class StepTimeGNN(nn.Module):
             return self.correction_scale
         batch = getattr(data, "batch", None)
         batch = torch.zeros(data.x.shape[0], dtype=torch.long) if batch is None else batch
-        flops = torch.zeros(int(data.u.shape[0]), dtype=torch.float64).index_add(
-            0, batch, torch.exp2(data.x[:, 0].double()) - 1)  # node feature 0 is log2(1 + FLOPs)
-        top = max(float(self.train_max_flops), 1.0)
-        w = (torch.log(flops.clamp_min(1.0) / top) / math.log(BEYOND_FACTOR)).clamp(0.0, 1.0)
+        flops = torch.zeros(int(data.u.shape[0]), dtype=torch.float64).index_add(0, batch, node_flops(data.x))
+        w = beyond_reach(flops, self.train_max_flops)
         return (self.correction_scale + w * (self.beyond_scale - self.correction_scale)).to(data.x.dtype)
 
     @staticmethod
@@ -357,6 +355,18 @@ class StepTimeGNN(nn.Module):
                 seconds[on], data.phase[on], host[g].double(),
                 prior.param_tensors(grad_bytes[on] if grad_bytes is not None else None), host_scale[g].double()))
         return torch.log(torch.stack(phases) * 1e3).to(log_node_ms.dtype)
+
+
+def node_flops(x: torch.Tensor) -> torch.Tensor:
+    """Each node's FLOPs (float64) from its features (node feature 0 is log2(1 + FLOPs))."""
+    return torch.exp2(x[:, 0].double()) - 1
+
+
+def beyond_reach(flops: torch.Tensor, train_max_flops: float) -> torch.Tensor:
+    """How far (0 to 1) steps of ``flops`` are along the move to the factor for larger steps: 0 up to the largest
+    training step, linear in log FLOPs, 1 from ``BEYOND_FACTOR`` times it."""
+    top = max(float(train_max_flops), 1.0)
+    return (torch.log(flops.clamp_min(1.0) / top) / math.log(BEYOND_FACTOR)).clamp(0.0, 1.0)
 
 
 def log_total(log_phase_ms: torch.Tensor) -> torch.Tensor:

@@ -390,17 +390,17 @@ def checkpoint_error(meta: dict, family: str | None, outside: bool = False, othe
 def _beyond_step_note(meta: dict, tensors) -> str | None:
     """For a step with more FLOPs than the checkpoint's largest training step, where the checkpoint has a factor
     for larger steps (``TrainConfig.scale_beyond_range``): how far beyond it is and what factor answers; else None."""
-    from gnn_ptp.checkpoint import beyond_note
-    from gnn_ptp.model import BEYOND_FACTOR
+    from gnn_ptp.checkpoint import beyond_note, model_records
+    from gnn_ptp.model import beyond_reach, node_flops
 
-    records = [m for m in (meta.get("ensemble") or {}).get("members") or []] or [meta]
-    tops = [(r.get("beyond_scale") or {}).get("train_max_flops") for r in records]
+    tops = [(r.get("beyond_scale") or {}).get("train_max_flops") for r in model_records(meta)]
     if any(t is None for t in tops):
         return None
-    flops = float((torch.exp2(tensors["x"][:, 0].double()) - 1).sum())
+    flops = node_flops(tensors["x"]).sum()
     if flops <= min(tops):
         return None
-    reach = min(1.0, max(0.0, math.log(flops / min(tops)) / math.log(BEYOND_FACTOR)))
+    reach = float(beyond_reach(flops, min(tops)))
+    flops = float(flops)
     return (f"this step has {flops / min(tops):.3g}x the FLOPs of the checkpoint's largest training step: "
             f"{beyond_note(meta)}; for this step the move is {reach:.0%} complete"
             + (" for the member with the smallest training range" if len(set(tops)) > 1 else ""))

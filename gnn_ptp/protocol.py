@@ -239,8 +239,10 @@ def noise_floor(keys, repeats: dict, label: str = "mean") -> float | None:
 
 
 def step_flops(sample) -> float:
-    """Total FLOPs of a sample's step (node feature 0 is log2(1 + FLOPs))."""
-    return float((torch.exp2(sample.x[:, 0].double()) - 1).sum())
+    """Total FLOPs of a sample's step (``model.node_flops`` summed)."""
+    from gnn_ptp.model import node_flops
+
+    return float(node_flops(sample.x).sum())
 
 
 @dataclass
@@ -442,7 +444,7 @@ def fit_predict(base, budget: Budget, seed: int, parts: dict, measured, log,
             if "beyond_scale" in result:  # the scaled model with its factor for larger steps: what it ships
                 model.beyond_scale, model.train_max_flops = beyond
                 out[BEYOND] = predict_samples(model, test)["pred_ms"][:, 3]
-                info[BEYOND] = {k: v for k, v in result["beyond_scale"].items()}
+                info[BEYOND] = dict(result["beyond_scale"])
     ridge = GraphTotalsRidge().fit(parts["train"], parts["val"])
     out["ridge"] = ridge.predict_ms(test)[:, 3]
     out["prior"] = np.array([float(s.prior_log_ms.double().exp().sum()) for s in test])
