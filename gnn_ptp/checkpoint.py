@@ -62,7 +62,7 @@ def correction_scale(meta: dict, path="checkpoint") -> float:
 
 def beyond_scale(meta: dict, path="checkpoint") -> tuple[float, float] | None:
     """A residual checkpoint's factor for steps beyond its training range and that range's largest step FLOPs
-    (``TrainConfig.scale_beyond_range``), or None for a checkpoint that chose none."""
+    (``TrainConfig.scale_beyond_range`` or ``beyond_scale``), or None for a checkpoint that has none."""
     beyond = meta.get("beyond_scale")
     if beyond is None:
         return None
@@ -85,13 +85,16 @@ def beyond_note(meta: dict) -> str:
     wording for ``predict``; empty for a checkpoint without it."""
     from gnn_ptp.model import BEYOND_FACTOR
 
-    factors = [(r.get("beyond_scale") or {}).get("chosen") for r in model_records(meta)]
+    records = [r.get("beyond_scale") or {} for r in model_records(meta)]
+    factors = [r.get("chosen") for r in records]
     if all(f is None for f in factors):
         return ""
+    fixed = all(r.get("chosen_by") == "config" for r in records)
     return ("beyond its largest training step its correction's factor moves to "
             + ", ".join("1" if f is None else f"{f:g}" for f in factors)
-            + f" (reached at {BEYOND_FACTOR:g}x those FLOPs), chosen by how a model trained on its smaller training "
-            "steps fared on its larger ones")
+            + f" (reached at {BEYOND_FACTOR:g}x those FLOPs), "
+            + ("fixed by its training config" + (" (the prior alone there)" if set(factors) == {0} else "")
+               if fixed else "chosen by how a model trained on its smaller training steps fared on its larger ones"))
 
 
 def scale_source(meta: dict) -> str:

@@ -310,7 +310,7 @@ PROTOCOL_ONLY = {"config": None, "epochs": None, "patience": None, "families": N
                  "variants": "gnn,gnn-prior", "threads": None, "bootstrap": 2000, "shipped_prior": False,
                  "jobs": 1, "hardware_folds": "all", "hardware_test": None, "hardware_transfer": "nearest",
                  "transfer_mode": "split", "no_depthwise_law": False, "refit_per_category": False, "slow_conv_law": None,
-                 "labels": None, "profiler_cost": False, "depthwise_stride": False}
+                 "labels": None, "profiler_cost": False, "depthwise_stride": False, "fresh_data": None}
 """``evaluate``'s options that only a --protocol run reads, with their defaults."""
 
 
@@ -384,6 +384,10 @@ def add_evaluate_parser(sub) -> None:
                         "or by its fastest record (fastest: for a shared VM whose interference only slows steps "
                         "down; the noise floor is then measured by split halves); default: the training "
                         "config's labels (mean unless it says)")
+    g.add_argument("--fresh-data", metavar="DIR",
+                   help="size: a folder of new configurations (of a kind --data trains on, none of them in it) "
+                        "that every fold's models also price where they have >= 4x the fold's largest training "
+                        "step, scored apart; the figures on --data's own test steps do not move")
     g.add_argument("--bootstrap", type=_positive_int, default=PROTOCOL_ONLY["bootstrap"],
                    help="bootstrap resamples (default 2000)")
     g.add_argument("--shipped-prior", action="store_true",
@@ -437,6 +441,8 @@ def run_protocol(args) -> int:
             raise UserError(f"{flag} does not go with --protocol (the protocol trains its own models)")
     for d in args.data:
         _check_input_dir(d, "--data")
+    if args.fresh_data is not None:
+        _check_input_dir(args.fresh_data, "--fresh-data")
     families = tuple(f.strip() for f in args.families.split(",") if f.strip()) if args.families else None
     budget = Budget(epochs=args.epochs, patience=args.patience, families=families,
                     seeds=_int_list(args.seeds, "--seeds"),
@@ -447,7 +453,7 @@ def run_protocol(args) -> int:
                     depthwise_law=not args.no_depthwise_law, refit_as_shipped=not args.refit_per_category,
                     labels=args.labels, profiler_cost=args.profiler_cost, depthwise_stride=args.depthwise_stride,
                     slow_conv_law=tuple(d.strip() for d in (args.slow_conv_law or "").split(",") if d.strip()))
-    result = run(args.protocol, args.data, args.config, budget, strict=args.strict)
+    result = run(args.protocol, args.data, args.config, budget, strict=args.strict, fresh_dir=args.fresh_data)
     print(json.dumps(result, indent=2) if args.json else format_result(result))
     return 0
 

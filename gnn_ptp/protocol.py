@@ -412,17 +412,19 @@ def _variant_config(base, variant: str, budget: Budget, seed: int, test, val):
 
 
 def fit_predict(base, budget: Budget, seed: int, parts: dict, measured, log,
-                refit: PriorRefit | None = None) -> tuple[dict, dict]:
+                refit: PriorRefit | None = None, also: list = ()) -> tuple[dict, dict]:
     """Train every variant on ``parts["train"]`` (early stopping on ``parts["val"]``) and predict the step
-    ms of ``parts["test"]``; also the ridge and the prior (refitted to the fold first, with ``refit``).
-    Returns (predictions by name, info)."""
+    ms of ``parts["test"]``, then of ``also`` (steps only priced, e.g. ``--fresh-data``'s: nothing of the
+    training sees them); also the ridge and the prior (refitted to the fold first, with ``refit``).
+    Returns (predictions by name, in that order, info)."""
     from gnn_ptp.baselines import GraphTotalsRidge
     from gnn_ptp.train import choose_correction_scale, predict_samples, train
 
     test = parts["test"]
     out, info = {}, {}
     if refit is not None:
-        info["prior_refit"] = refit.apply(parts)
+        info["prior_refit"] = refit.apply({**parts, "also": list(also)} if also else parts)
+    test = test + list(also)
     for variant in budget.variants:
         cfg = _variant_config(base, variant, budget, seed, sorted({s.family for s in test}),
                               sorted({s.family for s in parts["val"]}))
@@ -650,12 +652,16 @@ def _predictors(budget: Budget) -> list[str]:
 
 
 def run(protocol: str, data_dirs, config=None, budget: Budget = Budget(), log=None, strict: bool = False,
-        loaded=None) -> dict:
-    """Run one protocol; ``config`` is a training config path or ``TrainConfig`` (default: defaults)."""
+        loaded=None, fresh_dir=None) -> dict:
+    """Run one protocol; ``config`` is a training config path or ``TrainConfig`` (default: defaults).
+    ``fresh_dir`` (size only): a folder of new configurations each fold's models also price (``load_fresh``)."""
     from gnn_ptp.train import TrainConfig, load_train_config
 
     if protocol not in PROTOCOLS:
         raise UserError(f"--protocol {protocol!r}: allowed: {', '.join(PROTOCOLS)}" + closest(protocol, PROTOCOLS))
+    if fresh_dir is not None and protocol != "size":
+        raise UserError(f"--fresh-data: only with --protocol size (new larger steps each size fold also prices), "
+                        f"not {protocol}")
     log = log or (lambda msg: print(msg, file=sys.stderr))
     base = config if isinstance(config, TrainConfig) else load_train_config(config)
     if base.ensemble_seeds:
@@ -684,7 +690,9 @@ def run(protocol: str, data_dirs, config=None, budget: Budget = Budget(), log=No
     if protocol == "lofo":
         result = _lofo(base, budget, measured, samples, repeats, rng, log, refit)
     elif protocol == "size":
-        result = _size(base, budget, measured, samples, repeats, rng, log, refit)
+        fresh = (load_fresh(fresh_dir, samples, base.model.precision_aware, log, strict, budget.labels)
+                 if fresh_dir is not None else None)
+        result = _size(base, budget, measured, samples, repeats, rng, log, refit, fresh)
     else:
         result = _hardware(base, budget, measured, samples, repeats, rng, log, refit)
     result.update(node_labelled=sum(bool(getattr(s, "node_mask", torch.zeros(1)).any()) for s in samples),
@@ -817,7 +825,7 @@ def size_split(samples: list, seed: int, factor: float | None = None, val_fracti
     return {"train": pool[n_val:], "val": pool[:n_val], "test": test, "train_max_flops": top}
 
 
-def _size(base, budget, measured, samples, repeats, rng, log, refit=None) -> dict:
+def _size(base, budget, measured, samples, repeats, rng, log, refit=None, fresh=None) -> dict:
     errors = {p: {} for p in _predictors(budget)}
     tasks = list(budget.seeds)
     kinds = _kinds(samples)
@@ -829,7 +837,10 @@ def _size(base, budget, measured, samples, repeats, rng, log, refit=None) -> dic
         if not parts["test"]:
             raise UserError(f"size: no configuration has {SIZE_FACTOR:g}x the FLOPs of the smaller half's "
                             f"largest ({top:.3g}); the data spans too narrow a range")
-        pred, info = fit_predict(base, budget, seed, parts, measured, log, refit)
+        also = fresh_tests(fresh["samples"], top) if fresh else []
+        pred, info = fit_predict(base, budget, seed, parts, measured, log, refit, also)
+        n = len(parts["test"])
+        pred, pred_fresh = {p: v[:n] for p, v in pred.items()}, {p: v[n:] for p, v in pred.items()}
         true = np.exp(np.array([float(s.y[0, 3]) for s in parts["test"]]))
         fold = {"seed": seed, "n_train": len(parts["train"]), "n_val": len(parts["val"]),
                 "n_test": len(parts["test"]), "train_max_flops": top,
@@ -837,6 +848,11 @@ def _size(base, budget, measured, samples, repeats, rng, log, refit=None) -> dic
                 "test_max_flops": max(step_flops(s) for s in parts["test"]),
                 "test_families": sorted({s.family for s in parts["test"]}), **info,
                 **_fold_record(parts["test"], pred, true, multi)}
+        if also:
+            true_fresh = np.exp(np.array([float(s.y[0, 3]) for s in also]))
+            fold["fresh"] = {"n_test": len(also), "test_min_flops": min(step_flops(s) for s in also),
+                             "test_max_flops": max(step_flops(s) for s in also),
+                             **_fold_record(also, pred_fresh, true_fresh, multi)}
         return pred, true, fold, [repeat_key(s) for s in parts["test"]]
 
     folds = [None] * len(tasks)
@@ -858,7 +874,56 @@ def _size(base, budget, measured, samples, repeats, rng, log, refit=None) -> dic
            "size_factor": SIZE_FACTOR, "ratios": _ratios(scores, budget, "mape")}
     if multi:
         out["by_kind"] = _by_kind(folds, kinds, repeats, budget, rng, lambda f: "size")
+    if fresh:  # after every other figure's bootstrap draws
+        out["fresh"] = _fresh_scores(folds, budget, fresh, rng)
     return out
+
+
+def fresh_tests(fresh: list, top: float) -> list:
+    """``--fresh-data``'s configurations a size fold tests: those with at least ``SIZE_FACTOR`` x the FLOPs of
+    its largest training step (``top``)."""
+    return [s for s in fresh if step_flops(s) >= SIZE_FACTOR * top]
+
+
+def load_fresh(fresh_dir, samples: list, precision_aware: bool, log, strict: bool, label: str) -> dict:
+    """``--fresh-data``: the configurations of a folder measured apart, priced by every size fold's models and
+    scored apart from the folds' own test steps. Refused in one line when its kind is not among the trained
+    kinds, or when a configuration is also in ``--data`` (fresh steps are new ones)."""
+    measured, fresh, repeats = load([fresh_dir], precision_aware, log, strict, label=label)
+    kinds = sorted({s.hardware_name for s in samples})
+    theirs = sorted({s.hardware_name for s in fresh})
+    if any(k not in kinds for k in theirs):
+        raise UserError(f"--fresh-data {fresh_dir}: its steps are of {', '.join(theirs)}, which no --data folder "
+                        f"trains on ({', '.join(kinds)}); fresh steps must be of a kind the folds train on")
+    held = {repeat_key(s) for s in samples}
+    both = [s for s in fresh if repeat_key(s) in held]
+    if both:
+        raise UserError(f"--fresh-data {fresh_dir}: {len(both)} of its {len(fresh)} configurations are also in "
+                        f"--data (e.g. {both[0].key}, {both[0].family}); fresh steps must be new configurations")
+    return {"dir": str(fresh_dir), "samples": fresh, "repeats": repeats}
+
+
+def _fresh_scores(folds: list, budget: Budget, fresh: dict, rng) -> dict:
+    """Every row's MAPE on the fresh steps the folds priced (``fold["fresh"]``), with its seed ensembles, bootstrap
+    intervals and the noise floor of their repeats; drawn after every other figure, so none of those moves."""
+    if not all("fresh" in f for f in folds):
+        raise UserError(f"--fresh-data {fresh['dir']}: no configuration there has {SIZE_FACTOR:g}x the FLOPs of a "
+                        "fold's largest training step; it tests nothing")
+    parts = [{"seed": f["seed"], **f["fresh"]} for f in folds]
+    errors = {}
+    for f in parts:
+        true = np.array(f["true_ms"], dtype=float)
+        for p, values in f["pred_ms"].items():
+            errors.setdefault(p, {})[f["seed"]] = {"fresh": metrics.ape(np.array(values, dtype=float), true)}
+    errors = _beyond_last({**errors, **ensemble_errors(parts, budget.seeds, lambda f: "fresh")})
+    scores = {}
+    for p in errors:
+        sc = score_groups(errors[p], rng, budget.bootstrap)
+        scores[p] = {"mape": sc["mean_mape"], "ci95": sc["mean_ci95"],
+                     "per_seed_mape": sc["per_seed_mean_mape"], "n": sc["per_group"]["fresh"]["n"]}
+    keys = sorted({repeat_key(s) for s in fresh["samples"]})
+    return {"data": fresh["dir"], "predictors": scores, "n_configurations": len(fresh["samples"]),
+            "noise_floor": noise_floor(keys, fresh["repeats"], budget.labels)}
 
 
 def _check_kinds(data_dirs, strict: bool) -> None:
@@ -1001,6 +1066,15 @@ def format_result(r: dict) -> str:
         for p, sc in r["predictors"].items():
             lines.append(f"{p:<{w}}{_pct(sc['mape']):>8}  {_ci(sc['ci95']):<14}")
         lines += _by_kind_lines(r, "the models trained on every kind", worst=False)
+        if r.get("fresh"):
+            fresh, tested = r["fresh"], fold.get("fresh", {})
+            lines += ["", f"fresh steps ({fresh['data']}): {tested.get('n_test', 0)} of its {fresh['n_configurations']} "
+                      f"configurations >= {r['size_factor']:g}x the training maximum "
+                      f"({tested.get('test_min_flops', 0):.3g}-{tested.get('test_max_flops', 0):.3g} FLOPs), "
+                      "priced by the same models",
+                      f"{'predictor':<{w}}{'MAPE':>8}  {'95% CI':<14}   noise floor {_pct(fresh['noise_floor']).strip()}"]
+            for p, sc in fresh["predictors"].items():
+                lines.append(f"{p:<{w}}{_pct(sc['mape']):>8}  {_ci(sc['ci95']):<14}")
     else:
         for pair, row in r["pairs"].items():
             lines.append(f"{pair} (n {row['n_test']}, noise floor {_pct(row['noise_floor']).strip()}): " + "  ".join(

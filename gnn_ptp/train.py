@@ -80,6 +80,13 @@ class TrainConfig:
     correction that does not carry to larger steps is shrunk there, and one that does is kept. The checkpoint
     carries the factor and the training maximum. Declared before any run scored it (README *Protocol*, "A
     factor for larger steps")."""
+    beyond_scale: float | None = None
+    """With [model] target "log_ratio_prior": a fixed factor (0 to 1) for steps larger than every training step,
+    set in the config instead of chosen by ``scale_beyond_range`` (which it excludes): the correction's factor
+    moves, linearly in log FLOPs, from the in-range one at the largest training step to this one at
+    ``model.BEYOND_FACTOR`` times its FLOPs and beyond; at 0 such steps are priced by the prior alone. The
+    checkpoint carries it and the training maximum. None: no factor for larger steps. Declared before it was
+    scored (README *Protocol*, "Fresh steps for the size protocol")."""
     ensemble_seeds: tuple[int, ...] | None = None
     """Two seeds or more: train one model per seed (each its own initialisation, batches and, unless
     ``val_families`` names them, validation families drawn by its seed; each its own factor with
@@ -125,6 +132,17 @@ class TrainConfig:
         if self.scale_beyond_range and self.model.target != "log_ratio_prior":
             raise UserError("training config: scale_beyond_range = true scales a correction to the physical prior: it "
                             f"needs [model] target = \"log_ratio_prior\", not {self.model.target!r}")
+        if self.beyond_scale is not None:
+            factor = self.beyond_scale
+            if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 <= factor <= 1:
+                raise UserError(f"training config: beyond_scale = {factor!r} must be a number from 0 (the prior alone "
+                                "beyond the training range) to 1 (the in-range correction carried on)")
+            if self.model.target != "log_ratio_prior":
+                raise UserError("training config: beyond_scale scales a correction to the physical prior: it needs "
+                                f"[model] target = \"log_ratio_prior\", not {self.model.target!r}")
+            if self.scale_beyond_range:
+                raise UserError(f"training config: beyond_scale = {factor!r} and scale_beyond_range = true both set the "
+                                "factor for larger steps; keep one")
         if self.ensemble_seeds is not None:
             seeds = self.ensemble_seeds
             if (not isinstance(seeds, tuple) or len(seeds) < 2 or len(set(seeds)) != len(seeds)
@@ -443,6 +461,14 @@ def train(cfg: TrainConfig, data_dir: str | Path, out: str | Path | None, logger
     beyond = None
     if cfg.scale_beyond_range:
         beyond = choose_beyond_scale(cfg, parts, measured, log)
+    elif cfg.beyond_scale is not None:
+        from gnn_ptp.protocol import step_flops
+
+        beyond = {"chosen": float(cfg.beyond_scale), "chosen_by": "config",
+                  "train_max_flops": max(step_flops(s) for s in parts["train"])}
+        log(f"factor for larger steps {beyond['chosen']:g}, the training config's, beyond "
+            f"{beyond['train_max_flops']:.3g} FLOPs")
+    if beyond:
         model.beyond_scale, model.train_max_flops = beyond["chosen"], beyond["train_max_flops"]
 
     result_metrics = {}

@@ -65,11 +65,13 @@ def synthetic_times_ms(graph: dict[str, torch.Tensor]) -> dict[str, float]:
 
 
 def write_synthetic_dataset(folder: str | Path, families=FAMILIES,
-                            per_family: int = CONFIGS_PER_FAMILY) -> Path:
-    """Write one synthetic record per made-up configuration into ``folder/synthetic.jsonl``."""
+                            per_family: int = CONFIGS_PER_FAMILY, start: int = 0) -> Path:
+    """Write one synthetic record per made-up configuration into ``folder/synthetic.jsonl``: each family's
+    configurations ``start`` to ``start + per_family - 1`` (another ``start``: configurations none of the default
+    folder's)."""
     folder = Path(folder)
     for family in families:
-        for index in range(per_family):
+        for index in range(start, start + per_family):
             config = synthetic_config(family, index)
             key = records.config_key(config, HARDWARE)
             graph = synthetic_graph(key)

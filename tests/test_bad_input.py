@@ -143,6 +143,8 @@ CASES = [
      "ensemble_seeds"),
     ("train-config-beyond-without-residual", ["train", *DATA, "--out", "{t}/ck", "--config", "{t}/beyond_log_ms.toml"],
      "scale_beyond_range"),
+    ("train-config-beyond-scale-twice", ["train", *DATA, "--out", "{t}/ck", "--config", "{t}/beyond_twice.toml"],
+     "beyond_scale = 0.0 and scale_beyond_range"),
     ("train-config-unknown-key", ["train", *DATA, "--out", "{t}/ck", "--config", "{t}/unknown_key.toml"],
      "bogus_key"),
     # --- evaluate
@@ -171,6 +173,9 @@ CASES = [
     ("protocol-epochs", ["evaluate", "--protocol", "size", *DATA, "--epochs", "0"], "--epochs"),
     ("protocol-labels", ["evaluate", "--protocol", "lofo", *DATA, "--labels", "min"], "labels 'min'"),
     ("protocol-data-missing", ["evaluate", "--protocol", "lofo", "--data", "{t}/nope"], "nope"),
+    ("protocol-fresh-missing", ["evaluate", "--protocol", "size", *DATA, "--fresh-data", "{t}/nope"], "nope"),
+    ("protocol-fresh-not-size", ["evaluate", "--protocol", "lofo", *DATA, "--fresh-data", "{t}/good"],
+     "--fresh-data: only with --protocol size"),
     # --- sweep
     ("sweep-no-trials", ["sweep", *DATA], "--trials"),
     ("sweep-trials-zero", ["sweep", *DATA, "--trials", "0"], "--trials"),
@@ -273,6 +278,8 @@ def bad_files(tmp_path_factory) -> Path:
     (t / "unknown_key.toml").write_text("bogus_key = 1\n")
     (t / "one_seed_ensemble.toml").write_text("ensemble_seeds = [3]\n")
     (t / "beyond_log_ms.toml").write_text("scale_beyond_range = true\n")
+    (t / "beyond_twice.toml").write_text('beyond_scale = 0.0\nscale_beyond_range = true\n[model]\n'
+                                         'target = "log_ratio_prior"\n')
     lines = _record_lines(6)
     for name, body in {
         "good": lines,
