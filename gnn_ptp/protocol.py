@@ -887,8 +887,9 @@ def fresh_tests(fresh: list, top: float) -> list:
 
 def load_fresh(fresh_dir, samples: list, precision_aware: bool, log, strict: bool, label: str) -> dict:
     """``--fresh-data``: the configurations of a folder measured apart, priced by every size fold's models and
-    scored apart from the folds' own test steps. Refused in one line when its kind is not among the trained
-    kinds, or when a configuration is also in ``--data`` (fresh steps are new ones)."""
+    scored apart from the folds' own test steps. A configuration also in ``--data`` is not fresh: left out, said
+    so (and listed in the result); refused in one line when its kind is not among the trained kinds or when
+    nothing new is left."""
     measured, fresh, repeats = load([fresh_dir], precision_aware, log, strict, label=label)
     kinds = sorted({s.hardware_name for s in samples})
     theirs = sorted({s.hardware_name for s in fresh})
@@ -897,10 +898,14 @@ def load_fresh(fresh_dir, samples: list, precision_aware: bool, log, strict: boo
                         f"trains on ({', '.join(kinds)}); fresh steps must be of a kind the folds train on")
     held = {repeat_key(s) for s in samples}
     both = [s for s in fresh if repeat_key(s) in held]
+    if len(both) == len(fresh):
+        raise UserError(f"--fresh-data {fresh_dir}: all {len(fresh)} of its configurations are also in --data; "
+                        "fresh steps must be new configurations")
     if both:
-        raise UserError(f"--fresh-data {fresh_dir}: {len(both)} of its {len(fresh)} configurations are also in "
-                        f"--data (e.g. {both[0].key}, {both[0].family}); fresh steps must be new configurations")
-    return {"dir": str(fresh_dir), "samples": fresh, "repeats": repeats}
+        (log or print)(f"--fresh-data {fresh_dir}: {len(both)} of its {len(fresh)} configurations are also in --data "
+                       f"({', '.join(sorted({s.family for s in both}))}): not fresh, left out")
+    return {"dir": str(fresh_dir), "samples": [s for s in fresh if repeat_key(s) not in held], "repeats": repeats,
+            "left_out": sorted(s.key for s in both)}
 
 
 def _fresh_scores(folds: list, budget: Budget, fresh: dict, rng) -> dict:
@@ -923,7 +928,7 @@ def _fresh_scores(folds: list, budget: Budget, fresh: dict, rng) -> dict:
                      "per_seed_mape": sc["per_seed_mean_mape"], "n": sc["per_group"]["fresh"]["n"]}
     keys = sorted({repeat_key(s) for s in fresh["samples"]})
     return {"data": fresh["dir"], "predictors": scores, "n_configurations": len(fresh["samples"]),
-            "noise_floor": noise_floor(keys, fresh["repeats"], budget.labels)}
+            "left_out_in_data": fresh["left_out"], "noise_floor": noise_floor(keys, fresh["repeats"], budget.labels)}
 
 
 def _check_kinds(data_dirs, strict: bool) -> None:

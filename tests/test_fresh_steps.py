@@ -70,10 +70,26 @@ def test_fresh_steps_are_priced_by_each_fold_s_models_and_scored_apart_without_m
     json.dumps(r)  # --json prints it
 
 
+def test_configurations_also_in_the_data_are_not_fresh_and_left_out_said_so(folders, tmp_path, monkeypatch):
+    data, fresh = folders
+    monkeypatch.setattr(protocol, "SIZE_FACTOR", 1.5)
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    lines = (data / "synthetic.jsonl").read_text().splitlines()[:2] + (fresh / "synthetic.jsonl").read_text().splitlines()
+    (mixed / "synthetic.jsonl").write_text("\n".join(lines) + "\n")
+    said = []
+    r = protocol.run("size", data, RESIDUAL, BUDGET, log=said.append, fresh_dir=mixed)
+    new = protocol.run("size", data, RESIDUAL, BUDGET, log=lambda _: None, fresh_dir=fresh)
+    assert r["fresh"]["left_out_in_data"] == sorted(json.loads(x)["key"] for x in lines[:2])
+    assert r["fresh"]["n_configurations"] == new["fresh"]["n_configurations"] == len(lines) - 2
+    assert r["fresh"]["predictors"] == new["fresh"]["predictors"]  # as if the folder held the new ones alone
+    assert any("2 of its" in m and "are also in --data" in m and "not fresh, left out" in m for m in said)
+
+
 def test_fresh_steps_that_are_not_new_or_not_a_size_run_are_refused_in_one_line(folders, monkeypatch):
     data, fresh = folders
     monkeypatch.setattr(protocol, "SIZE_FACTOR", 1.5)
-    with pytest.raises(UserError, match=r"--fresh-data .*: 24 of its 24 configurations are also in --data"):
+    with pytest.raises(UserError, match=r"--fresh-data .*: all 24 of its configurations are also in --data"):
         protocol.run("size", data, RESIDUAL, BUDGET, log=lambda _: None, fresh_dir=data)
     with pytest.raises(UserError, match="--fresh-data: only with --protocol size"):
         protocol.run("lofo", data, RESIDUAL, BUDGET, log=lambda _: None, fresh_dir=fresh)
