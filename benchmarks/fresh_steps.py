@@ -62,11 +62,13 @@ def main(argv=None) -> int:
     model, meta = checkpoint.load(args.checkpoint)
     label = checkpoint.trained_labels(meta)
     members = list(getattr(model, "members", None) or [model])
-    tops = training_maxima(meta, _samples(args.data, meta, model, label, log))
-    fresh = _samples(args.fresh, meta, model, label, log)
-    trained = {s.key for s in _samples(args.data, meta, model, label, log)}
-    if any(s.key in trained for s in fresh):
-        raise SystemExit(f"--fresh {args.fresh}: configurations also in --data {args.data}; fresh steps must be new")
+    trained = _samples(args.data, meta, model, label, log)
+    tops = training_maxima(meta, trained)
+    held = {s.key for s in trained}
+    every = _samples(args.fresh, meta, model, label, log)
+    fresh = [s for s in every if s.key not in held]  # one in the training folder is not fresh
+    if not fresh:
+        raise SystemExit(f"--fresh {args.fresh}: every configuration is also in --data {args.data}; nothing fresh")
     faded = copy.deepcopy(model)
     for member, top in zip(list(getattr(faded, "members", None) or [faded]), tops):
         member.beyond_scale, member.train_max_flops = 0.0, top
@@ -83,7 +85,8 @@ def main(argv=None) -> int:
               f"beyond every model's range (> {max(tops):.3g})": flops > max(tops),
               f"2x beyond or more (>= {2 * max(tops):.3g})": flops >= 2 * max(tops)}
     print(f"{args.checkpoint} on {args.fresh}: {len(fresh)} configurations, {flops.min():.3g}-{flops.max():.3g} FLOPs, "
-          f"{true.min():.0f}-{true.max():.0f} ms ({label} labels); its models' largest training steps "
+          f"{true.min():.0f}-{true.max():.0f} ms ({label} labels; {len(every) - len(fresh)} also in {args.data}, left "
+          "out); its models' largest training steps "
           + ", ".join(f"{t:.3g}" for t in tops) + " FLOPs")
     names = list(groups)
     print(f"{'MAPE %':<28}" + "".join(f"{n.split(' (')[0]:>30}" for n in names))

@@ -139,3 +139,23 @@ def test_a_fixed_factor_for_larger_steps_is_trained_with_recorded_and_fades_the_
 def test_beyond_scale_is_checked(bad, message):
     with pytest.raises(UserError, match=message):
         dataclasses.replace(RESIDUAL, **bad)
+
+
+def test_the_fresh_steps_benchmark_reads_each_member_s_training_range_as_training_records_it(folders, tmp_path,
+                                                                                             capsys):
+    """benchmarks/fresh_steps.py fades a shipped checkpoint without retraining it: each member's largest training
+    step, read back from the training folder, is the one ``train`` records with a fixed factor for larger steps."""
+    from conftest import benchmark_module
+
+    data, fresh = folders
+    cfg = dataclasses.replace(RESIDUAL, test_families=(FAMILIES[0],), ensemble_seeds=(0, 1), beyond_scale=0.0)
+    train(cfg, data, tmp_path / "ens", log=lambda _: None)
+    model, meta = checkpoint.load(tmp_path / "ens")
+    bench = benchmark_module("fresh_steps")
+    tops = bench.training_maxima(meta, _samples(data))
+    assert tops == pytest.approx([m["beyond_scale"]["train_max_flops"] for m in meta["ensemble"]["members"]])
+    assert bench.main(["--checkpoint", str(tmp_path / "ens"), "--data", str(data), "--fresh", str(fresh)]) == 0
+    out = capsys.readouterr().out
+    assert f"on {fresh}: {len(_samples(fresh))} configurations" in out
+    for row in ("as it answers", "faded beyond the range", "the prior alone", "member 1 as it answers"):
+        assert row in out
