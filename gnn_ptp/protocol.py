@@ -397,18 +397,18 @@ def prior_refit(data_dirs, log, strict: bool = False, transfer: str = "nearest",
 
 def _variant_config(base, variant: str, budget: Budget, seed: int, test, val):
     model = base.model
-    beyond = base.scale_beyond_range
+    beyond, fixed = base.scale_beyond_range, base.beyond_scale
     if variant == "gnn-prior":
         model = dataclasses.replace(model, target="log_ratio_prior", hardware_descriptor=True)
     else:  # the precision-aware log-time GNN: no correction to scale
-        beyond = False
+        beyond, fixed = False, None
     epochs = budget.epochs or base.epochs
     patience = min(budget.patience or base.patience, epochs)
     return dataclasses.replace(base, model=model, epochs=epochs, patience=patience, seed=seed,
                                test_families=tuple(test), val_families=tuple(val),
                                threads=budget.threads or base.threads,
                                scale_on_validation=False,  # fit_predict scores the correction both ways
-                               correction_scale=None, scale_beyond_range=beyond)
+                               correction_scale=None, scale_beyond_range=beyond, beyond_scale=fixed)
 
 
 def fit_predict(base, budget: Budget, seed: int, parts: dict, measured, log,
@@ -420,13 +420,12 @@ def fit_predict(base, budget: Budget, seed: int, parts: dict, measured, log,
     from gnn_ptp.baselines import GraphTotalsRidge
     from gnn_ptp.train import choose_correction_scale, predict_samples, train
 
-    test = parts["test"]
+    test = parts["test"] + list(also)  # what is priced
     out, info = {}, {}
     if refit is not None:
         info["prior_refit"] = refit.apply({**parts, "also": list(also)} if also else parts)
-    test = test + list(also)
     for variant in budget.variants:
-        cfg = _variant_config(base, variant, budget, seed, sorted({s.family for s in test}),
+        cfg = _variant_config(base, variant, budget, seed, sorted({s.family for s in parts["test"]}),
                               sorted({s.family for s in parts["val"]}))
         split = {s.family: name for name, part in parts.items() for s in part}
         start = time.perf_counter()
@@ -484,6 +483,7 @@ BEYOND = "gnn-prior-beyond"
 """With a config's ``scale_beyond_range``: the scaled row's model (its factor chosen on validation) with its
 factor for steps beyond its training range, chosen on an inner size split of its training steps
 (``train.choose_beyond_scale``; ``StepTimeGNN.beyond_scale``): what a checkpoint trained with both answers.
+With a config's fixed ``beyond_scale``, the same model with that factor.
 Declared before any run scored it (README *Protocol*, "A factor for larger steps")."""
 
 
@@ -1089,10 +1089,12 @@ def format_result(r: dict) -> str:
         counts = sorted(Counter(scales).items())
         lines += ["", f"{SCALED}: the factor on the correction chosen on each fold's validation families: "
                   + ", ".join(f"{k:g} in {n}" for k, n in counts) + f" of {len(scales)} folds"]
-    beyond = [f[BEYOND]["chosen"] for f in r.get("folds", []) if BEYOND in f]
+    beyond = [f[BEYOND] for f in r.get("folds", []) if BEYOND in f]
     if beyond:
-        counts = sorted(Counter(beyond).items())
-        lines += [f"{BEYOND}: the factor for larger steps chosen on each fold's inner size split: "
+        counts = sorted(Counter(b["chosen"] for b in beyond).items())
+        how = ("fixed by the training config" if all(b.get("chosen_by") == "config" for b in beyond)
+               else "chosen on each fold's inner size split")
+        lines += [f"{BEYOND}: the factor for larger steps {how}: "
                   + ", ".join(f"{k:g} in {n}" for k, n in counts) + f" of {len(beyond)} folds"]
     across = [f[LOFO_SCALED]["correction_scale"] for f in r.get("folds", []) if LOFO_SCALED in f]
     if across:

@@ -159,3 +159,19 @@ def test_the_fresh_steps_benchmark_reads_each_member_s_training_range_as_trainin
     assert f"on {fresh}: {len(_samples(fresh))} configurations" in out
     for row in ("as it answers", "faded beyond the range", "the prior alone", "member 1 as it answers"):
         assert row in out
+
+
+def test_the_size_protocol_with_a_fixed_factor_scores_it_as_its_beyond_row(folders, monkeypatch):
+    """A protocol config with ``beyond_scale`` trains its residual variant with it (the log-time variant has no
+    correction to fade) and scores it as the factor-for-larger-steps row, said to be the config's."""
+    data, _ = folders
+    monkeypatch.setattr(protocol, "SIZE_FACTOR", 1.5)
+    budget = dataclasses.replace(BUDGET, variants=("gnn", "gnn-prior"))
+    r = protocol.run("size", data, dataclasses.replace(RESIDUAL, beyond_scale=0.0), budget, log=lambda _: None)
+    assert list(r["predictors"])[-2:] == [protocol.BEYOND, protocol.BEYOND_ENSEMBLE]
+    for fold in r["folds"]:  # the model's largest training step: the smaller half's, less the validation draw
+        beyond = fold[protocol.BEYOND]
+        assert (beyond["chosen"], beyond["chosen_by"]) == (0.0, "config")
+        assert 0 < beyond["train_max_flops"] <= fold["train_max_flops"]
+    assert f"{protocol.BEYOND}: the factor for larger steps fixed by the training config: 0 in 2 of 2 folds" in \
+        protocol.format_result(r)
