@@ -187,9 +187,11 @@ def _fold_data(data: str, labels: str, profiler_cost: bool = False):
     return samples, refit, samples[0].hardware_name
 
 
-def size_fold(data: str, seed: int, labels: str = "mean") -> None:
+def size_fold(data: str, seed: int, labels: str = "mean", fresh: str | None = None) -> None:
     """The size protocol's fold of ``seed`` on ``data``: the prior refitted to its training half as the
-    protocol does, its test steps decomposed (``print_tables``), and the GEMM-like kernels by FLOPs decade."""
+    protocol does, its test steps decomposed (``print_tables``), and the GEMM-like kernels by FLOPs decade.
+    ``fresh``: a profiled folder of configurations measured apart (``evaluate --fresh-data``): its steps with
+    at least ``SIZE_FACTOR`` x the training half's largest, decomposed the same way with the same refitted prior."""
     from gnn_ptp import protocol
 
     samples, refit, name = _fold_data(data, labels)
@@ -200,16 +202,29 @@ def size_fold(data: str, seed: int, labels: str = "mean") -> None:
     print(f"{data}: size fold seed {seed} ({labels} labels): the prior refitted to {len(fit_on)} steps "
           f"(<= {top:.3g} FLOPs), {len(parts['test'])} test steps (>= {protocol.SIZE_FACTOR:g}x)\n")
     print_tables(decompose(parts["test"], refit.seconds[name], profile))
-    print("\ndense convolutions and matmuls by FLOPs decade: achieved GFLOP/s, refitted prior / measured (sum)")
-    for label, part in (("train", fit_on), ("test", parts["test"])):
-        rows = prior_fit.kernel_rows(part, refit.seconds[name])
+    tables = [("train", fit_on, refit.seconds[name]), ("test", parts["test"], refit.seconds[name])]
+    if fresh is not None:
+        theirs, fresh_refit, fresh_name = _fold_data(fresh, labels)
+        if fresh_name != name:
+            raise UserError(f"--fresh {fresh}: its steps are of {fresh_name}, --data's of {name}")
+        held = {s.key for s in samples}
+        tested = [s for s in protocol.fresh_tests(theirs, top) if s.key not in held]
+        print(f"\n{fresh}: {len(tested)} fresh steps (>= {protocol.SIZE_FACTOR:g}x, none in {data}) priced by the "
+              "same refitted prior\n")
+        print_tables(decompose(tested, fresh_refit.seconds[name], profile), top=4)
+        tables.append(("fresh", tested, fresh_refit.seconds[name]))
+    print("\ndense convolutions, matmuls and depthwise convolutions by FLOPs decade: achieved GFLOP/s, refitted "
+          "prior / measured (sum)")
+    for label, part, seconds_by_key in tables:
+        rows = prior_fit.kernel_rows(part, seconds_by_key)
         predicted = prior_fit._prior_seconds(rows, profile).numpy()
         flops, seconds = rows.flops.numpy(), rows.seconds.numpy()
         dense = np.ones(len(rows), dtype=bool) if rows.depthwise is None else torch.isnan(rows.depthwise[:, 0]).numpy()
         decade = np.floor(np.log10(np.maximum(flops, 1.0)))
-        for category in ("conv", "matmul"):
+        for category in ("conv", "matmul", "dwconv"):  # dwconv: the depthwise-like convolutions (their own law)
             for dtype in sorted(set(rows.dtype)):
-                pick = dense & np.array([c == category and d == dtype for c, d in zip(rows.category, rows.dtype)])
+                pick = (~dense if category == "dwconv" else dense) & np.array(
+                    [c == category.removeprefix("dw") and d == dtype for c, d in zip(rows.category, rows.dtype)])
                 cells = []
                 for e in sorted(set(decade[pick])):
                     m = pick & (decade == e)
@@ -261,6 +276,9 @@ def main() -> None:
                     help="also the matmuls by dtype, phase and operand layout, over all families and per family")
     ap.add_argument("--size-fold", type=int, metavar="SEED",
                     help="decompose the size protocol's fold of this seed (the prior refitted to its training half)")
+    ap.add_argument("--fresh", metavar="DIR",
+                    help="with --size-fold: also decompose this profiled folder's steps measured apart (>= 4x the "
+                         "training half's largest) with the fold's refitted prior")
     ap.add_argument("--labels", default=dataset.LABEL_STATS[0], choices=dataset.LABEL_STATS,
                     help="with --size-fold or --lofo-fold: how repeated configurations are labelled (evaluate --labels)")
     ap.add_argument("--lofo-fold", metavar="FAMILY",
@@ -273,7 +291,7 @@ def main() -> None:
         lofo_fold(args.data, args.lofo_fold, args.labels, args.profiler_cost)
         return
     if args.size_fold is not None:
-        size_fold(args.data, args.size_fold, args.labels)
+        size_fold(args.data, args.size_fold, args.labels, args.fresh)
         return
     hw, samples, node_seconds = prior_fit.load_profiled(args.data)
     profile = kind_profile(args.data, hw)
