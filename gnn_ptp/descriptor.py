@@ -279,10 +279,11 @@ def transfer(profile, source: "Descriptor", target: "Descriptor", mode: str | No
     elif moved_from is not None:
         raise UserError(f"a prior moved by splitting its kernels' time cannot move on from {source.name!r} "
                         f"to {target.name!r} by the {'step probes' if mode == 'split' else mode}")
-    depthwise = profile.depthwise
+    depthwise, floor = profile.depthwise, profile.depthwise_floor
     if depthwise and moved_from is None:  # a law is in seconds, not a fraction of a peak: it moves by the rest's ratio
-        depthwise = prior.scaled_depthwise(depthwise, 1.0 / math.sqrt(ratio["vector"] * ratio["memory"]))
-    return replace(profile, hardware=moved, moved_from=moved_from, depthwise=depthwise,
+        factor = 1.0 / math.sqrt(ratio["vector"] * ratio["memory"])
+        depthwise, floor = prior.scaled_depthwise(depthwise, factor), prior.scaled_depthwise_floor(floor, factor)
+    return replace(profile, hardware=moved, moved_from=moved_from, depthwise=depthwise, depthwise_floor=floor,
                    launch_floor_s=profile.launch_floor_s * host,
                    host_issue_s=scaled(profile.host_issue_s), host_fixed_s=scaled(profile.host_fixed_s),
                    fresh_threshold_bytes=fresh["threshold_bytes"] if fresh else None,

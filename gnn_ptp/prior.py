@@ -46,7 +46,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field, replace
-from functools import lru_cache
+from functools import lru_cache, partial
 from pathlib import Path
 
 import numpy as np
@@ -241,6 +241,13 @@ class Profile:
     (``Hardware.depthwise_probe_s``, ``depthwise_table``), not by the law or the curves: torch runs another
     kernel for it, whose weight gradient on the first CPU kind jumps 10-15x between 640 and 768 channels
     (7x7). Hardware without probes, and every other node, are priced as without it."""
+
+    depthwise_floor: dict[str, float] = field(default_factory=dict)
+    """Where fitted so (``prior_fit.fit_depthwise_floor``), per key of ``depthwise``, the seconds per unit of
+    work (``depthwise_work``) of the fastest kernel the law was fitted to: the law never prices a kernel
+    faster than that. A power law fitted to small depthwise convolutions extrapolates to rates none of them
+    reached: on the first CPU kind the size fold's law priced 1e7-FLOP ones at 0.25-0.5x their time (README
+    *Protocol*, "Where the fresh steps' error comes from"). Empty: the law alone."""
 
     @property
     def serial(self) -> bool:
@@ -484,7 +491,7 @@ def calibration() -> dict:
 PREDICTIVE_KEYS = ("gemm", "vector", "memory", "launch_floor_s", "host_issue_s", "host_fixed_s")
 OPTIONAL_PREDICTIVE_KEYS = ("vector_fraction", "memory_fraction", "memory_half_size", "streaming",
                             "fresh_threshold_bytes", "fresh_s_per_byte", "depthwise", "conv_intensity",
-                            "channel_ramp", "gemm_layouts", "slow_conv", "depthwise_probes")
+                            "channel_ramp", "gemm_layouts", "slow_conv", "depthwise_probes", "depthwise_floor")
 """Predictive keys a section may lack; the digest covers them only where present, so that a section
 written before they existed keeps its digest (and the checkpoints trained over it stay valid)."""
 
@@ -537,7 +544,8 @@ def profile_from_dict(hw: Hardware, d: dict) -> Profile:
                    channel_ramp={k: (float(v[0]), float(v[1])) for k, v in d.get("channel_ramp", {}).items()},
                    gemm_layouts=bool(d.get("gemm_layouts", False)),
                    slow_conv={k: tuple(float(v) for v in c) for k, c in d.get("slow_conv", {}).items()},
-                   depthwise_probes=bool(d.get("depthwise_probes", False)))
+                   depthwise_probes=bool(d.get("depthwise_probes", False)),
+                   depthwise_floor=borrowed_depthwise_floor(hw, d))
 
 
 def with_gpu_probes(hw: Hardware, fitted_on: str) -> Hardware:
@@ -562,6 +570,16 @@ def borrowed_depthwise(hw: Hardware, d: dict) -> dict[str, tuple[float, ...]]:
     if not law or source is None or source.kind == "cpu" or hw.kind == "cpu" or source.name == hw.name:
         return law
     return scaled_depthwise(law, source.memory_bandwidth_Bps / hw.memory_bandwidth_Bps)
+
+
+def borrowed_depthwise_floor(hw: Hardware, d: dict) -> dict[str, float]:
+    """A section's depthwise floor (``Profile.depthwise_floor``) for ``hw``, moved as its law is
+    (``borrowed_depthwise``)."""
+    floor = {k: float(v) for k, v in d.get("depthwise_floor", {}).items()}
+    source = HARDWARE.get(d.get("fitted_on") or "")
+    if not floor or source is None or source.kind == "cpu" or hw.kind == "cpu" or source.name == hw.name:
+        return floor
+    return scaled_depthwise_floor(floor, source.memory_bandwidth_Bps / hw.memory_bandwidth_Bps)
 
 
 def get_profile(hw: Hardware | str) -> Profile:
@@ -672,7 +690,8 @@ def _kernel_seconds(x: torch.Tensor, x_cat: torch.Tensor, profile: Profile,
     if profile.channel_ramp:
         seconds = seconds * channel_ramp_factor(batch_norm_channels(x, x_cat), x_cat[:, 3] == BACKWARD_PHASE,
                                                 profile.channel_ramp)
-    for law, features, law_seconds in ((profile.depthwise, depthwise_shapes, depthwise_law_seconds),
+    for law, features, law_seconds in ((profile.depthwise, depthwise_shapes,
+                                        partial(depthwise_law_seconds, floor=profile.depthwise_floor)),
                                        (profile.slow_conv, slow_conv_terms, slow_conv_seconds)):
         if not law:
             continue
@@ -768,21 +787,40 @@ def gemm_layouts_only(layout: torch.Tensor) -> torch.Tensor:
     return torch.where(layout < len(ops.GEMM_LAYOUTS), layout, torch.zeros_like(layout))
 
 
+def depthwise_work(shapes: torch.Tensor) -> torch.Tensor:
+    """Per node (float64 [N]) a depthwise-like convolution's work from its shape (``depthwise_shapes``):
+    batch x channels x output pixels (input pixels / stride^2) x taps, its multiply-adds."""
+    s = shapes.clamp_min(1.0)
+    stride = s[:, 4] if s.shape[1] > 4 else torch.ones_like(s[:, 0])
+    return s[:, 0] * s[:, 1] * s[:, 2] * s[:, 3] / stride ** 2
+
+
 def depthwise_law_seconds(shapes: torch.Tensor, backward: torch.Tensor, dtypes: list[str],
-                          law: dict[str, tuple[float, ...]]) -> torch.Tensor:
+                          law: dict[str, tuple[float, ...]], floor: dict[str, float] | None = None) -> torch.Tensor:
     """Per node (float64 [N]) its time by a depthwise law (``Profile.depthwise``) from its shape
     (``depthwise_shapes``: a law of k exponents reads its first k columns, so one fitted without the stride
-    reads the first four), NaN where it has no shape or its (direction, dtype) no law."""
+    reads the first four), NaN where it has no shape or its (direction, dtype) no law; with ``floor``
+    (``Profile.depthwise_floor``) never under its work times the key's fastest fitted seconds per unit."""
     out = torch.full((shapes.shape[0],), float("nan"), dtype=torch.float64)
     logs = torch.log(shapes.clamp_min(1.0))
-    for rows, c in _law_rows(law, ~torch.isnan(shapes[:, 0]), backward, dtypes):
+    has = ~torch.isnan(shapes[:, 0])
+    for rows, c in _law_rows(law, has, backward, dtypes):
         out[rows] = torch.exp(c[0] + logs[rows][:, :len(c) - 1] @ torch.tensor(c[1:], dtype=torch.float64))
+    if floor:
+        work = depthwise_work(shapes)
+        for rows, per_unit in _law_rows({k: v for k, v in floor.items() if k in law}, has, backward, dtypes):
+            out[rows] = torch.maximum(out[rows], work[rows] * per_unit)
     return out
 
 
 def scaled_depthwise(law: dict[str, tuple[float, ...]], factor: float) -> dict[str, tuple[float, ...]]:
     """A depthwise law whose times are ``factor`` times as long (a prior moved to a slower kind)."""
     return {k: (c[0] + math.log(factor), *c[1:]) for k, c in law.items()}
+
+
+def scaled_depthwise_floor(floor: dict[str, float], factor: float) -> dict[str, float]:
+    """A depthwise law's floor (``Profile.depthwise_floor``) for times ``factor`` times as long."""
+    return {k: v * factor for k, v in floor.items()}
 
 
 def split_moved_seconds(source_s: torch.Tensor, source_ideal_s: torch.Tensor, target_ideal_s: torch.Tensor,

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from functools import partial
 from collections import Counter
 from dataclasses import dataclass, replace
 
@@ -416,7 +417,7 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
                gemm_layouts: bool = False, layout_curves: bool = False,
                bounded_layout_curves: bool = False, layout_levels: bool = False,
                slow_conv: tuple[str, ...] = (), depthwise_probes: bool = False,
-               step_weights: bool = False, depthwise_stride: bool = False) -> dict:
+               step_weights: bool = False, depthwise_stride: bool = False, depthwise_floor: bool = False) -> dict:
     """Curves (``prior.Curve`` dicts) for GEMM-like kernels per category and dtype (``by_category``; else per
     dtype), other compute ("vector"), memory traffic, and the device floor in seconds, fitted to ``rows``.
     With ``intensity`` the compute curves also ramp with arithmetic intensity; with ``vector_by_category``
@@ -442,7 +443,8 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
     default (README, *The CPU prior*). With ``depthwise`` each (direction, dtype) with at least
     ``MIN_GROUP_ROWS`` depthwise-like convolutions (``prior.depthwise_shapes``) gets a power law in their
     shape (``fit_depthwise``, ``prior.Profile.depthwise``) and the curves are fitted to the other rows;
-    with ``depthwise_stride`` too, the law has the stride among its terms.
+    with ``depthwise_stride`` too, the law has the stride among its terms; with ``depthwise_floor`` it never
+    prices a kernel faster than the fastest one it was fitted to (``fit_depthwise_floor``).
     ``conv_intensity="gemm"`` ramps a dense convolution's curve with its implicit GEMM's intensity
     (``prior.Profile.conv_intensity``). With ``channel_ramp`` each batch-norm op (forward, backward) gets a
     ramp in its channels (``prior.Profile.channel_ramp``) fitted with the curves. ``optimizer_memory`` gives
@@ -475,8 +477,8 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
     fit_fresh = bool(fresh) and fresh.get("s_per_byte") is None
     probed = depthwise_probes and bool(hw.depthwise_probe_s)
     rows = unprobed(rows, hw) if probed else rows
-    law, rows = (_depthwise_apart(rows, None if fit_fresh else fresh, depthwise_stride) if depthwise
-                 else ({}, rows))
+    law, floors, rows = (_depthwise_apart(rows, None if fit_fresh else fresh, depthwise_stride, depthwise_floor)
+                         if depthwise else ({}, {}, rows))
     if streaming is None:
         streaming = STREAMING if memory_by_category and hw.kind != "cpu" else ()
     groups = _groups(rows, by_category, vector_by_category, backward_curves, grouped_conv, tuple(own_vector),
@@ -566,6 +568,8 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
             out["streaming"] = sorted(streaming)
         if law:
             out["depthwise"] = law
+        if floors:
+            out["depthwise_floor"] = floors
         if slow:
             out["slow_conv"] = slow
         if conv_intensity != "tensor":
@@ -622,6 +626,28 @@ def fit_depthwise(rows: KernelRows, fresh: dict | None = None, stride: bool = Fa
             law[prior.depthwise_key(b, d)] = [float(c) for c in coef]
             on_law |= m
     return law, on_law
+
+
+def fit_depthwise_floor(rows: KernelRows, law: dict, fresh: dict | None = None) -> dict[str, float]:
+    """``prior.Profile.depthwise_floor``: per key of ``law`` (``fit_depthwise``'s), the seconds per unit of work
+    (``prior.depthwise_work``) of the fastest depthwise-like kernel of ``rows`` in that direction and dtype
+    (its time less a measured fresh-allocation cost, as the law is fitted): the law never prices a kernel
+    faster than one it was fitted to ran. Declared before it was scored (README *Protocol*, "A floor under the
+    depthwise law")."""
+    if rows.depthwise is None or not law:
+        return {}
+    has = ~torch.isnan(rows.depthwise[:, 0])
+    faults = None if not fresh else prior.fresh_seconds(rows.fresh, fresh["threshold_bytes"], fresh["s_per_byte"])
+    target = rows.seconds if faults is None else torch.maximum(rows.seconds - faults, 0.1 * rows.seconds)
+    per_unit = target / prior.depthwise_work(rows.depthwise)
+    backward, names = rows.backward_mask(), np.array(rows.dtype)
+    out = {}
+    for key in law:
+        direction, dtype = key.split(":")
+        m = has & (backward == (direction == "backward")) & torch.from_numpy(names == dtype)
+        if bool(m.any()):
+            out[key] = float(per_unit[m].min())
+    return out
 
 
 def probed_rows(rows: KernelRows, hw: Hardware) -> torch.Tensor:
@@ -683,10 +709,13 @@ def fit_slow_conv(rows: KernelRows, dtypes: tuple[str, ...], fresh: dict | None 
     return law
 
 
-def _depthwise_apart(rows: KernelRows, fresh: dict | None, stride: bool = False) -> tuple[dict, KernelRows]:
-    """``fit_depthwise``'s laws and the rows they do not price (the ones the curves are fitted to)."""
+def _depthwise_apart(rows: KernelRows, fresh: dict | None, stride: bool = False,
+                     floor: bool = False) -> tuple[dict, dict, KernelRows]:
+    """``fit_depthwise``'s laws, with ``floor`` their floors (``fit_depthwise_floor``; else {}), and the rows
+    they do not price (the ones the curves are fitted to)."""
     law, on_law = fit_depthwise(rows, fresh, stride)
-    return law, (take(rows, ~on_law) if law else rows)
+    floors = fit_depthwise_floor(rows, law, fresh) if floor else {}
+    return law, floors, (take(rows, ~on_law) if law else rows)
 
 
 def kernel_weights(rows: KernelRows, step_weights: bool = False) -> torch.Tensor:
@@ -710,7 +739,8 @@ def device_profile(hw: Hardware, fitted: dict, host_s=None, fixed_s=None) -> pri
          "launch_floor_s": fitted["device_floor_s"], "vector_fraction": fitted.get("vector_fraction", {}),
          "memory_fraction": fitted.get("memory_fraction", {}),
          "memory_half_size": fitted.get("memory_half_size", {}), "streaming": fitted.get("streaming", []),
-         "depthwise": fitted.get("depthwise", {}), "slow_conv": fitted.get("slow_conv", {})}
+         "depthwise": fitted.get("depthwise", {}), "slow_conv": fitted.get("slow_conv", {}),
+         "depthwise_floor": fitted.get("depthwise_floor", {})}
     if fitted.get("conv_intensity"):
         d["conv_intensity"] = fitted["conv_intensity"]
     if fitted.get("channel_ramp"):
@@ -775,7 +805,8 @@ def _prior_seconds(rows: KernelRows, profile: prior.Profile) -> torch.Tensor:
     seconds = torch.maximum(compute, memory)
     if profile.channel_ramp and rows.bn_channels is not None:
         seconds = seconds * prior.channel_ramp_factor(rows.bn_channels, rows.backward_mask(), profile.channel_ramp)
-    for law, feats, law_seconds in ((profile.depthwise, rows.depthwise, prior.depthwise_law_seconds),
+    for law, feats, law_seconds in ((profile.depthwise, rows.depthwise,
+                                     partial(prior.depthwise_law_seconds, floor=profile.depthwise_floor)),
                                     (profile.slow_conv, rows.slow_conv, prior.slow_conv_seconds)):
         if law and feats is not None:  # as prior.node_seconds prices a graph's nodes
             by_law = law_seconds(feats, rows.backward_mask(), rows.dtype, law)
@@ -921,14 +952,16 @@ def fit(samples: list, node_seconds: dict, hw: Hardware, max_rows: int | None = 
     rows = kernel_rows(samples, node_seconds)
     rows = unprobed(rows, hw) if device_kw.get("depthwise_probes") else rows  # before the law is fitted
     slow = fit_slow_conv(rows, tuple(device_kw.pop("slow_conv", ())), device_kw.get("fresh"))
-    stride = device_kw.pop("depthwise_stride", False)
-    law, rows = (_depthwise_apart(rows, device_kw.get("fresh"), stride) if device_kw.pop("depthwise", False)
-                 else ({}, rows))
+    stride, floor = device_kw.pop("depthwise_stride", False), device_kw.pop("depthwise_floor", False)
+    law, floors, rows = (_depthwise_apart(rows, device_kw.get("fresh"), stride, floor)
+                         if device_kw.pop("depthwise", False) else ({}, {}, rows))
     if max_rows:
         rows = subsample(rows, max_rows)
     fitted = fit_device(rows, hw, **device_kw)
     if law:
         fitted["depthwise"] = law
+    if floors:
+        fitted["depthwise_floor"] = floors
     if slow:
         fitted["slow_conv"] = slow
     if profiler_cost:
@@ -958,7 +991,8 @@ def section_options(section: dict) -> dict:
             "step_weights": bool(section.get("step_weights")),
             "profiler_cost": bool(section.get("profiler_cost")),
             "depthwise_stride": any(len(c) > prior.DEPTHWISE_SHAPE.index("stride") + 1
-                                    for c in section.get("depthwise", {}).values())}
+                                    for c in section.get("depthwise", {}).values()),
+            "depthwise_floor": bool(section.get("depthwise_floor"))}
 
 
 MAX_ROWS = 80_000

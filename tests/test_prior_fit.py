@@ -448,20 +448,21 @@ def test_section_options_read_how_a_shipped_section_was_fitted():
                                                        "bounded_layout_curves": False, "layout_levels": False,
                                                        "slow_conv": (), "depthwise_probes": False,
                                                        "step_weights": False, "profiler_cost": False,
-                                                       "depthwise_stride": False}
+                                                       "depthwise_stride": False, "depthwise_floor": False}
     # a depthwise law of five coefficients (no stride term) is not a stride law
     assert not prior_fit.section_options({"gemm": {}, "depthwise": {"backward:bf16": [0.0] * 5}})["depthwise_stride"]
     full = {"vector_fraction": {"norm": 0.5}, "memory_fraction": {"copy:fp32": 1.0}, "channel_ramp": {"x": [1, 1]},
             "conv_intensity": "gemm", "gemm_layouts": True, "gemm": {"matmul@tn:bf16": {"size_max": 1e9}},
             "layout_levels": True, "slow_conv": {"forward:bf16": [0.0] * 6, "backward:bf16": [0.0] * 6},
             "depthwise_probes": True, "step_weights": True, "profiler_cost": True,
-            "depthwise": {"forward:bf16": [0.0] * 5, "backward:bf16": [0.0] * 6}}
+            "depthwise": {"forward:bf16": [0.0] * 5, "backward:bf16": [0.0] * 6},
+            "depthwise_floor": {"backward:bf16": 1e-9}}
     assert prior_fit.section_options(full) == {"vector_by_category": True, "memory_by_category": True,
                                                "channel_ramp": True, "conv_intensity": "gemm", "gemm_layouts": True,
                                                "layout_curves": True, "bounded_layout_curves": True,
                                                "layout_levels": True, "slow_conv": ("bf16",), "depthwise_probes": True,
                                                "step_weights": True, "profiler_cost": True,
-                                               "depthwise_stride": True}
+                                               "depthwise_stride": True, "depthwise_floor": True}
     table = prior.calibration()
     assert prior_fit.section_options(table["cpu"])["vector_by_category"]  # per-category since the 19th session
     assert prior_fit.section_options(table["cpu-amd-epyc-family-26-model-2"])["memory_by_category"]
@@ -931,6 +932,71 @@ def test_a_depthwise_law_with_the_stride_finds_the_strided_kernels_slow_path():
     depthwise = read[~torch.isnan(read[:, 0])]
     assert depthwise.shape[0] == 2  # its forward and its backward
     assert depthwise.tolist() == [[4.0, 16.0, 48.0 * 48.0, 9.0, 2.0]] * 2
+
+
+def test_a_floor_under_the_depthwise_law_keeps_it_from_extrapolating_to_rates_no_fitted_kernel_ran():
+    """SYNTHETIC depthwise backward kernels that run at a rate rising with their size up to a ceiling (each unit
+    of work costs more in a small kernel, the same in every large one), fitted on small kernels only: the law
+    alone extrapolates the rise and prices the large kernels far too fast; with ``depthwise_floor`` no kernel is
+    priced faster than the fastest fitted one ran (``fit_depthwise_floor``: each key's least seconds per unit of
+    ``prior.depthwise_work``), which holds the large ones near their time, leaves the small ones as the law
+    prices them, and reaches a fitted profile, ``node_seconds`` and a section's options."""
+    cpu = HARDWARE["cpu"]
+    g = torch.Generator().manual_seed(7)
+
+    def kernels(n, batch, channels, side):
+        shapes = _depthwise_shapes(n, g, batch=batch, channels=channels, side=side)
+        work = prior.depthwise_work(shapes)
+        per_unit = 2e-9 * torch.clamp(1e6 / work, min=1.0) ** 0.5  # faster per unit up to 1e6 units, then flat
+        return shapes, work, work * per_unit * torch.exp(0.05 * torch.randn(n, generator=g, dtype=torch.float64))
+
+    shapes, work, seconds = kernels(3000, (1, 5), (16, 65), (4, 17))
+    n = len(seconds)
+    backward = torch.ones(n, dtype=torch.bool)
+    flops = 4.0 * work
+    rows = prior_fit.KernelRows(flops, flops / 20, ["bf16"] * n, torch.ones(n, dtype=torch.bool),
+                                torch.zeros(n, dtype=torch.bool), ["conv"] * n, ["synthetic"] * n, seconds,
+                                None, backward, None, torch.ones(n, dtype=torch.bool), shapes)
+    law, _ = prior_fit.fit_depthwise(rows, stride=True)
+    floor = prior_fit.fit_depthwise_floor(rows, law)
+    assert floor == {"backward:bf16": pytest.approx(float((seconds / work).min()))}
+    assert prior_fit.fit_depthwise_floor(rows, {}) == {}
+    big_shapes, big_work, big_seconds = kernels(500, (8, 17), (128, 257), (64, 97))
+    assert float(big_work.min()) > float(work.max())  # every one beyond the fitted sizes
+    ones = torch.ones(len(big_seconds), dtype=torch.bool)
+    alone = prior.depthwise_law_seconds(big_shapes, ones, ["bf16"] * len(ones), law)
+    floored = prior.depthwise_law_seconds(big_shapes, ones, ["bf16"] * len(ones), law, floor)
+    assert torch.equal(floored, torch.maximum(alone, big_work * floor["backward:bf16"]))
+    assert float(alone.sum() / big_seconds.sum()) < 0.7  # the law alone: too fast out there
+    assert float(floored.sum() / big_seconds.sum()) == pytest.approx(1.0, abs=0.2)
+    small = prior.depthwise_law_seconds(shapes, backward, ["bf16"] * n, law, floor)
+    unchanged = torch.isclose(small, prior.depthwise_law_seconds(shapes, backward, ["bf16"] * n, law))
+    assert float(unchanged.double().mean()) > 0.5  # within the fitted sizes the law mostly answers alone
+    # other keys and dtypes: no floor
+    assert torch.isnan(prior.depthwise_law_seconds(big_shapes, ones, ["fp32"] * len(ones), law, floor)).all()
+
+    fitted = prior_fit.fit_device(rows, cpu, steps=50, intensity=False, depthwise=True, depthwise_stride=True,
+                                  depthwise_floor=True)
+    assert fitted["depthwise_floor"] == floor
+    own = prior_fit.device_profile(cpu, fitted)
+    assert own.depthwise_floor == floor
+    assert prior_fit.section_options({"depthwise_floor": floor})["depthwise_floor"] is True
+    assert prior_fit.section_options({})["depthwise_floor"] is False
+    assert "depthwise_floor" not in prior_fit.fit_device(rows, cpu, steps=50, intensity=False, depthwise=True)
+
+    from conftest import py_spec
+    from gnn_ptp import graph
+    from gnn_ptp.spec import Shape
+    from gnn_ptp.trace import StepConfig, trace_step
+
+    traced = trace_step(StepConfig(py_spec("conv2", c1=16, c2=16, groups=16), Shape(4, None, 48), "bf16"))
+    tensors, _ = graph.to_tensors(traced)
+    x, x_cat = tensors["x"], tensors["x_cat"]
+    read = prior.depthwise_shapes(x, x_cat)
+    back = (~torch.isnan(read[:, 0])) & (x_cat[:, 3] == prior.BACKWARD_PHASE)
+    high = replace(own, depthwise_floor={"backward:bf16": 1.0})  # a floor far above the law: it answers
+    assert prior.node_seconds(x, x_cat, high)[back].tolist() == pytest.approx(
+        prior.depthwise_work(read[back]).tolist())
 
 
 def _synthetic_probes(law: dict, layout: str = "channels_last") -> tuple:

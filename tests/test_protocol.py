@@ -785,7 +785,9 @@ def test_the_h200_protocol_config_is_the_shipped_h200_config_without_its_split()
                                           (["--epochs", "3", "--seeds", "0,1"], "--epochs, --seeds"),
                                           (["--no-depthwise-law"], "--no-depthwise-law"),
                                           (["--labels", "fastest"], "--labels"),
-                                          (["--slow-conv-law", "bf16"], "--slow-conv-law")])
+                                          (["--slow-conv-law", "bf16"], "--slow-conv-law"),
+                                          (["--depthwise-floor"], "--depthwise-floor"),
+                                          (["--fresh-data", "datasets/cpu"], "--fresh-data")])
 def test_protocol_options_without_protocol_are_one_clear_error(flags, named, capsys):
     """Options only a --protocol run reads are refused on a checkpoint evaluation, not silently ignored."""
     code = cli.main(["evaluate", "--checkpoint", "checkpoints/cpu", "--data", "datasets/cpu", *flags])
@@ -909,5 +911,10 @@ def test_the_slow_conv_law_joins_a_cpu_kinds_section_options_and_not_a_gpus(monk
     refit = protocol.prior_refit(["cpu-dir", "gpu-dir"], said.append, as_shipped=True, profiler_cost=True)
     assert refit.options["cpu-x"]["profiler_cost"] and not refit.options["h200"]["profiler_cost"]
     assert asked == {"cpu-dir": True, "gpu-dir": False}
+    # --depthwise-floor joins a CPU kind's options, not a GPU's
+    refit = protocol.prior_refit(["cpu-dir", "gpu-dir"], said.append, as_shipped=True, depthwise_floor=True)
+    assert refit.options["cpu-x"]["depthwise_floor"] and not refit.options["h200"]["depthwise_floor"]
+    assert any("never prices a kernel faster than its fastest fitted one" in line for line in said)
+    assert not plain.options["cpu-x"]["depthwise_floor"]
     with pytest.raises(UserError, match="protocol slow_conv_law dtype 'bf61': allowed: fp32, bf16; did you mean 'bf16'"):
         protocol.Budget(slow_conv_law=("bf61",))
