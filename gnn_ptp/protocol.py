@@ -871,12 +871,7 @@ def _size(base, budget, measured, samples, repeats, rng, log, refit=None, fresh=
         log(f"size seed {seed}: train {fold['n_train']} (<= {fold['train_max_flops']:.3g} FLOPs), "
             f"test {fold['n_test']}  " + "  ".join(f"{p} {errors[p][seed]['size'].mean():5.1f}%" for p in errors)
             + f"  ({seconds:.0f} s)")
-    errors = _beyond_last({**errors, **ensemble_errors(folds, budget.seeds, lambda f: "size")})
-    scores = {}
-    for p in errors:
-        sc = score_groups(errors[p], rng, budget.bootstrap)
-        scores[p] = {"mape": sc["mean_mape"], "ci95": sc["mean_ci95"],
-                     "per_seed_mape": sc["per_seed_mean_mape"], "n": sc["per_group"]["size"]["n"]}
+    scores = _one_group_scores(errors, folds, budget, rng, "size")
     out = {"predictors": scores, "noise_floor": noise_floor(test_keys, repeats, budget.labels), "folds": folds,
            "size_factor": SIZE_FACTOR, "ratios": _ratios(scores, budget, "mape")}
     if multi:
@@ -884,6 +879,19 @@ def _size(base, budget, measured, samples, repeats, rng, log, refit=None, fresh=
     if fresh:  # after every other figure's bootstrap draws
         out["fresh"] = _fresh_scores(folds, budget, fresh, rng)
     return out
+
+
+def _one_group_scores(errors: dict, folds: list, budget: Budget, rng, group: str) -> dict:
+    """Every row's MAPE over one group of test steps (``errors[row][seed][group]``; the size split's, the fresh
+    steps'), with each residual row's seed ensemble from the folds' stored predictions (``ensemble_errors``),
+    bootstrap intervals (rows of the factor for larger steps drawn last) and the per-seed figures."""
+    errors = _beyond_last({**errors, **ensemble_errors(folds, budget.seeds, lambda f: group)})
+    scores = {}
+    for p in errors:
+        sc = score_groups(errors[p], rng, budget.bootstrap)
+        scores[p] = {"mape": sc["mean_mape"], "ci95": sc["mean_ci95"],
+                     "per_seed_mape": sc["per_seed_mean_mape"], "n": sc["per_group"][group]["n"]}
+    return scores
 
 
 def fresh_tests(fresh: list, top: float) -> list:
@@ -927,12 +935,7 @@ def _fresh_scores(folds: list, budget: Budget, fresh: dict, rng) -> dict:
         true = np.array(f["true_ms"], dtype=float)
         for p, values in f["pred_ms"].items():
             errors.setdefault(p, {})[f["seed"]] = {"fresh": metrics.ape(np.array(values, dtype=float), true)}
-    errors = _beyond_last({**errors, **ensemble_errors(parts, budget.seeds, lambda f: "fresh")})
-    scores = {}
-    for p in errors:
-        sc = score_groups(errors[p], rng, budget.bootstrap)
-        scores[p] = {"mape": sc["mean_mape"], "ci95": sc["mean_ci95"],
-                     "per_seed_mape": sc["per_seed_mean_mape"], "n": sc["per_group"]["fresh"]["n"]}
+    scores = _one_group_scores(errors, parts, budget, rng, "fresh")
     keys = sorted({repeat_key(s) for s in fresh["samples"]})
     return {"data": fresh["dir"], "predictors": scores, "n_configurations": len(fresh["samples"]),
             "left_out_in_data": fresh["left_out"], "noise_floor": noise_floor(keys, fresh["repeats"], budget.labels)}

@@ -117,32 +117,17 @@ class TrainConfig:
             raise UserError("training config: scale_on_validation = true scales a correction to the physical prior: "
                             f"it needs [model] target = \"log_ratio_prior\", not {self.model.target!r}")
         if self.correction_scale is not None:
-            factor = self.correction_scale
-            if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 <= factor <= 1:
-                raise UserError(f"training config: correction_scale = {factor!r} must be a number from 0 (the prior "
-                                "alone) to 1 (the correction as learnt)")
-            if self.model.target != "log_ratio_prior":
-                raise UserError("training config: correction_scale scales a correction to the physical prior: it "
-                                f"needs [model] target = \"log_ratio_prior\", not {self.model.target!r}")
-            if self.scale_on_validation:
-                raise UserError(f"training config: correction_scale = {factor!r} and scale_on_validation = true "
-                                "both set the factor on the correction; keep one")
+            self._check_factor("correction_scale", "the prior alone", "the correction as learnt",
+                               "scale_on_validation" if self.scale_on_validation else None, "on the correction")
         if not isinstance(self.scale_beyond_range, bool):
             raise UserError(f"training config: scale_beyond_range = {self.scale_beyond_range!r} must be true or false")
         if self.scale_beyond_range and self.model.target != "log_ratio_prior":
             raise UserError("training config: scale_beyond_range = true scales a correction to the physical prior: it "
                             f"needs [model] target = \"log_ratio_prior\", not {self.model.target!r}")
         if self.beyond_scale is not None:
-            factor = self.beyond_scale
-            if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 <= factor <= 1:
-                raise UserError(f"training config: beyond_scale = {factor!r} must be a number from 0 (the prior alone "
-                                "beyond the training range) to 1 (the in-range correction carried on)")
-            if self.model.target != "log_ratio_prior":
-                raise UserError("training config: beyond_scale scales a correction to the physical prior: it needs "
-                                f"[model] target = \"log_ratio_prior\", not {self.model.target!r}")
-            if self.scale_beyond_range:
-                raise UserError(f"training config: beyond_scale = {factor!r} and scale_beyond_range = true both set the "
-                                "factor for larger steps; keep one")
+            self._check_factor("beyond_scale", "the prior alone beyond the training range",
+                               "the in-range correction carried on",
+                               "scale_beyond_range" if self.scale_beyond_range else None, "for larger steps")
         if self.ensemble_seeds is not None:
             seeds = self.ensemble_seeds
             if (not isinstance(seeds, tuple) or len(seeds) < 2 or len(set(seeds)) != len(seeds)
@@ -153,6 +138,19 @@ class TrainConfig:
             raise UserError(f"training config: node_weight = {self.node_weight!r} needs per-node shares of the "
                             f"phase times: [model] readout = \"node_sum\", not {self.model.readout!r} (a queue "
                             "readout's node times are device times, which the node labels are not)")
+
+    def _check_factor(self, name: str, low: str, high: str, conflict: str | None, what: str) -> None:
+        """One clear line unless the fixed factor ``name`` is a number from 0 (``low``) to 1 (``high``) on a
+        residual model, with no ``conflict`` option also setting the factor ``what``."""
+        factor = getattr(self, name)
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 <= factor <= 1:
+            raise UserError(f"training config: {name} = {factor!r} must be a number from 0 ({low}) to 1 ({high})")
+        if self.model.target != "log_ratio_prior":
+            raise UserError(f"training config: {name} scales a correction to the physical prior: it needs [model] "
+                            f"target = \"log_ratio_prior\", not {self.model.target!r}")
+        if conflict:
+            raise UserError(f"training config: {name} = {factor!r} and {conflict} = true both set the factor {what}; "
+                            "keep one")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
