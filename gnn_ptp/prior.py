@@ -566,20 +566,25 @@ def borrowed_depthwise(hw: Hardware, d: dict) -> dict[str, tuple[float, ...]]:
     bandwidth over ``hw``'s (a depthwise convolution reduces over a few taps only: on a GPU it streams its
     input and output, memory-bound)."""
     law = {k: tuple(float(v) for v in c) for k, c in d.get("depthwise", {}).items()}
-    source = HARDWARE.get(d.get("fitted_on") or "")
-    if not law or source is None or source.kind == "cpu" or hw.kind == "cpu" or source.name == hw.name:
-        return law
-    return scaled_depthwise(law, source.memory_bandwidth_Bps / hw.memory_bandwidth_Bps)
+    factor = _borrowed_factor(hw, d)
+    return law if factor is None else scaled_depthwise(law, factor)
 
 
 def borrowed_depthwise_floor(hw: Hardware, d: dict) -> dict[str, float]:
     """A section's depthwise floor (``Profile.depthwise_floor``) for ``hw``, moved as its law is
     (``borrowed_depthwise``)."""
     floor = {k: float(v) for k, v in d.get("depthwise_floor", {}).items()}
+    factor = _borrowed_factor(hw, d)
+    return floor if factor is None else scaled_depthwise_floor(floor, factor)
+
+
+def _borrowed_factor(hw: Hardware, d: dict) -> float | None:
+    """How much longer a section's depthwise times (law and floor) run on ``hw`` when the section was fitted
+    on another GPU (its memory bandwidth over ``hw``'s); None when they apply as fitted."""
     source = HARDWARE.get(d.get("fitted_on") or "")
-    if not floor or source is None or source.kind == "cpu" or hw.kind == "cpu" or source.name == hw.name:
-        return floor
-    return scaled_depthwise_floor(floor, source.memory_bandwidth_Bps / hw.memory_bandwidth_Bps)
+    if source is None or source.kind == "cpu" or hw.kind == "cpu" or source.name == hw.name:
+        return None
+    return source.memory_bandwidth_Bps / hw.memory_bandwidth_Bps
 
 
 def get_profile(hw: Hardware | str) -> Profile:

@@ -34,9 +34,9 @@ from __future__ import annotations
 
 import hashlib
 import math
-from functools import partial
 from collections import Counter
 from dataclasses import dataclass, replace
+from functools import partial
 
 import numpy as np
 import torch
@@ -595,6 +595,15 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
     return out
 
 
+def _law_target(rows: KernelRows, fresh: dict | None) -> torch.Tensor:
+    """The seconds a shape law is fitted to (float64 [R]): each row's time less its measured fresh-allocation
+    cost (``fresh``: threshold and seconds per byte; none where it has no such figure), at least a tenth of
+    the time left; the prior adds the cost back."""
+    faults = (None if not fresh or fresh.get("s_per_byte") is None
+              else prior.fresh_seconds(rows.fresh, fresh["threshold_bytes"], fresh["s_per_byte"]))
+    return rows.seconds if faults is None else torch.maximum(rows.seconds - faults, 0.1 * rows.seconds)
+
+
 def fit_depthwise(rows: KernelRows, fresh: dict | None = None, stride: bool = False) -> tuple[dict, torch.Tensor]:
     """A power law in the shape of the depthwise-like convolutions of ``rows`` (``prior.Profile.depthwise``),
     per direction and dtype with at least ``MIN_GROUP_ROWS`` of them: log time (less a measured
@@ -608,8 +617,7 @@ def fit_depthwise(rows: KernelRows, fresh: dict | None = None, stride: bool = Fa
         return {}, on_law
     has = ~torch.isnan(rows.depthwise[:, 0])
     columns = prior.DEPTHWISE_SHAPE.index("stride") + (1 if stride else 0)
-    faults = None if not fresh else prior.fresh_seconds(rows.fresh, fresh["threshold_bytes"], fresh["s_per_byte"])
-    target = rows.seconds if faults is None else torch.maximum(rows.seconds - faults, 0.1 * rows.seconds)
+    target = _law_target(rows, fresh)
     backward = rows.backward_mask()
     names = np.array(rows.dtype)
     law = {}
@@ -637,17 +645,10 @@ def fit_depthwise_floor(rows: KernelRows, law: dict, fresh: dict | None = None) 
     if rows.depthwise is None or not law:
         return {}
     has = ~torch.isnan(rows.depthwise[:, 0])
-    faults = None if not fresh else prior.fresh_seconds(rows.fresh, fresh["threshold_bytes"], fresh["s_per_byte"])
-    target = rows.seconds if faults is None else torch.maximum(rows.seconds - faults, 0.1 * rows.seconds)
+    target = _law_target(rows, fresh)
     per_unit = target / prior.depthwise_work(rows.depthwise)
-    backward, names = rows.backward_mask(), np.array(rows.dtype)
-    out = {}
-    for key in law:
-        direction, dtype = key.split(":")
-        m = has & (backward == (direction == "backward")) & torch.from_numpy(names == dtype)
-        if bool(m.any()):
-            out[key] = float(per_unit[m].min())
-    return out
+    return {key: float(per_unit[m].min())
+            for m, key in prior._law_rows({k: k for k in law}, has, rows.backward_mask(), rows.dtype)}
 
 
 def probed_rows(rows: KernelRows, hw: Hardware) -> torch.Tensor:
@@ -691,9 +692,7 @@ def fit_slow_conv(rows: KernelRows, dtypes: tuple[str, ...], fresh: dict | None 
     if not dtypes or rows.slow_conv is None:
         return {}
     has = ~torch.isnan(rows.slow_conv[:, 0])
-    faults = (None if not fresh or fresh.get("s_per_byte") is None
-              else prior.fresh_seconds(rows.fresh, fresh["threshold_bytes"], fresh["s_per_byte"]))
-    target = rows.seconds if faults is None else torch.maximum(rows.seconds - faults, 0.1 * rows.seconds)
+    target = _law_target(rows, fresh)
     backward = rows.backward_mask()
     names = np.array(rows.dtype)
     law = {}
