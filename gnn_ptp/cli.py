@@ -311,7 +311,7 @@ PROTOCOL_ONLY = {"config": None, "epochs": None, "patience": None, "families": N
                  "jobs": 1, "hardware_folds": "all", "hardware_test": None, "hardware_transfer": "nearest",
                  "transfer_mode": "split", "no_depthwise_law": False, "refit_per_category": False, "slow_conv_law": None,
                  "labels": None, "profiler_cost": False, "depthwise_stride": False, "fresh_data": None,
-                 "depthwise_floor": False}
+                 "depthwise_floor": False, "attention_law": False}
 """``evaluate``'s options that only a --protocol run reads, with their defaults."""
 
 
@@ -381,6 +381,11 @@ def add_evaluate_parser(sub) -> None:
                         "convolution faster than the fastest one its law was fitted to (prior_fit."
                         "fit_depthwise_floor), besides its section's options; default: as the kind's shipped "
                         "section does")
+    g.add_argument("--attention-law", action="store_true",
+                   help="CPU data with per-op profiles: the prior refitted in every fold prices fused attention by "
+                        "a sum of the costs of aten's CPU kernel's loops (per call, block pair, query row, score, "
+                        "multiply-add, byte: prior_fit.fit_attention), besides its section's options; default: as "
+                        "the kind's shipped section does")
     g.add_argument("--refit-per-category", action="store_true",
                    help="data with per-op profiles: the prior refitted in every fold takes per-category vector "
                         "and bandwidth curves and no batch-norm ramp, as before 2026-11-26's eighteenth session, "
@@ -458,7 +463,7 @@ def run_protocol(args) -> int:
                     hardware_transfer=args.hardware_transfer, transfer_mode=args.transfer_mode,
                     depthwise_law=not args.no_depthwise_law, refit_as_shipped=not args.refit_per_category,
                     labels=args.labels, profiler_cost=args.profiler_cost, depthwise_stride=args.depthwise_stride,
-                    depthwise_floor=args.depthwise_floor,
+                    depthwise_floor=args.depthwise_floor, attention_law=args.attention_law,
                     slow_conv_law=tuple(d.strip() for d in (args.slow_conv_law or "").split(",") if d.strip()))
     result = run(args.protocol, args.data, args.config, budget, strict=args.strict, fresh_dir=args.fresh_data)
     print(json.dumps(result, indent=2) if args.json else format_result(result))

@@ -240,7 +240,8 @@ def transfer(profile, source: "Descriptor", target: "Descriptor", mode: str | No
     bandwidth ratios, the pairing the step probes use). A kernel far below its peak, as a step's small GEMMs
     are below a matrix unit's, then moves by the core's memory and vector speed, not by that peak. A
     depthwise law (``prior.Profile.depthwise``, seconds rather than fractions of a peak) moves by that
-    same non-GEMM ratio when the kernels' time is not split (split, it is split like any kernel's). A
+    same non-GEMM ratio when the kernels' time is not split (split, it is split like any kernel's), and so
+    does an attention law (``prior.Profile.attention``: aten's CPU kernel, which every CPU kind runs). A
     slow-path convolution law (``prior.Profile.slow_conv``) does not move: it prices a kernel torch runs on
     the source kind only (its bf16 convolutions one sample at a time), so the target's convolutions take
     the curves."""
@@ -279,11 +280,13 @@ def transfer(profile, source: "Descriptor", target: "Descriptor", mode: str | No
     elif moved_from is not None:
         raise UserError(f"a prior moved by splitting its kernels' time cannot move on from {source.name!r} "
                         f"to {target.name!r} by the {'step probes' if mode == 'split' else mode}")
-    depthwise, floor = profile.depthwise, profile.depthwise_floor
-    if depthwise and moved_from is None:  # a law is in seconds, not a fraction of a peak: it moves by the rest's ratio
+    depthwise, floor, attention = profile.depthwise, profile.depthwise_floor, profile.attention
+    if moved_from is None:  # a law is in seconds, not a fraction of a peak: it moves by the rest's ratio
         factor = 1.0 / math.sqrt(ratio["vector"] * ratio["memory"])
         depthwise, floor = prior.scaled_depthwise(depthwise, factor), prior.scaled_depthwise_floor(floor, factor)
+        attention = {k: tuple(c * factor for c in v) for k, v in attention.items()}
     return replace(profile, hardware=moved, moved_from=moved_from, depthwise=depthwise, depthwise_floor=floor,
+                   attention=attention,
                    launch_floor_s=profile.launch_floor_s * host,
                    host_issue_s=scaled(profile.host_issue_s), host_fixed_s=scaled(profile.host_fixed_s),
                    fresh_threshold_bytes=fresh["threshold_bytes"] if fresh else None,

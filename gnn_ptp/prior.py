@@ -11,7 +11,8 @@ Per node (one kernel of ``graph.to_tensors``)::
               + fresh bytes above the mmap threshold * fresh_s_per_byte        (a CPU whose cost is measured)
 
 where a depthwise-like convolution's ``max(compute_s, memory_s)`` is, on a profile fitted with one, a power
-law in its shape instead (``Profile.depthwise``: batch, channels, height x width, taps).
+law in its shape instead (``Profile.depthwise``: batch, channels, height x width, taps), and on a CPU profile
+fitted with one a fused attention's time is a sum of the costs of its kernel's loops (``Profile.attention``).
 
 ``peak(dtype, path)`` is ``Hardware.flops_rate``: tensor-core rates for tf32/fp16/bf16 matmuls on a GPU,
 the CUDA-core rate for strict fp32, the measured GEMM rate per dtype on a CPU. A curve is the fraction
@@ -248,6 +249,18 @@ class Profile:
     faster than that. A power law fitted to small depthwise convolutions extrapolates to rates none of them
     reached: on the first CPU kind the size fold's law priced 1e7-FLOP ones at 0.25-0.5x their time (README
     *Protocol*, "Where the fresh steps' error comes from"). Empty: the law alone."""
+
+    attention: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    """Where fitted so (``prior_fit.fit_device(attention_law=True)``), per "forward:<dtype>" and
+    "backward:<dtype>", a fused attention kernel's time as a sum of the costs of the loops of aten's CPU flash
+    attention (``attention_terms``, coefficients in seconds per unit, ``slow_conv_seconds``' sum): per call,
+    per (query block, key block) pair it runs its small GEMMs on (its block sizes as aten picks them from the
+    query length, ``ATTENTION_Q_SPLITS``), per query row, per score, per multiply-add and per byte of its
+    tensors. A FLOPs curve cannot follow it: on the first CPU kind a bf16 backward costs ~75 us per 32-row
+    query block at 32-128 tokens whatever the block's FLOPs, so it runs at 4 GFLOP/s at 32 tokens and 45-55
+    at 256, where aten doubles the block; the size fold's curves, fitted to at most 128 tokens, priced
+    256-token attention at 2.5-3.0x its time (README *Protocol*, "Where the held-back steps' error comes
+    from"). Other nodes, and a (direction, dtype) without a law, use the curves."""
 
     @property
     def serial(self) -> bool:
@@ -491,7 +504,8 @@ def calibration() -> dict:
 PREDICTIVE_KEYS = ("gemm", "vector", "memory", "launch_floor_s", "host_issue_s", "host_fixed_s")
 OPTIONAL_PREDICTIVE_KEYS = ("vector_fraction", "memory_fraction", "memory_half_size", "streaming",
                             "fresh_threshold_bytes", "fresh_s_per_byte", "depthwise", "conv_intensity",
-                            "channel_ramp", "gemm_layouts", "slow_conv", "depthwise_probes", "depthwise_floor")
+                            "channel_ramp", "gemm_layouts", "slow_conv", "depthwise_probes", "depthwise_floor",
+                            "attention")
 """Predictive keys a section may lack; the digest covers them only where present, so that a section
 written before they existed keeps its digest (and the checkpoints trained over it stay valid)."""
 
@@ -524,7 +538,8 @@ def profile_from_dict(hw: Hardware, d: dict) -> Profile:
     """``hw``'s profile from a calibration section. A section fitted on another GPU (the H100 borrows the
     H200's: ``CURVES_OF``) gives its curves as they are, fractions of ``hw``'s own peaks; its depthwise law,
     in seconds, is moved by the two GPUs' memory bandwidth (``borrowed_depthwise``). A GPU section fitted
-    with depthwise probes reads them from the GPU's probe file (``with_gpu_probes``)."""
+    with depthwise probes reads them from the GPU's probe file (``with_gpu_probes``). An attention law
+    (``Profile.attention``) prices aten's CPU kernel: only a CPU takes it."""
     if d.get("depthwise_probes") and hw.kind != "cpu" and not hw.depthwise_probe_s:
         hw = with_gpu_probes(hw, d.get("fitted_on") or "")
     return Profile(hw, {k: Curve.from_dict(v) for k, v in d.get("gemm", {}).items()},
@@ -545,7 +560,9 @@ def profile_from_dict(hw: Hardware, d: dict) -> Profile:
                    gemm_layouts=bool(d.get("gemm_layouts", False)),
                    slow_conv={k: tuple(float(v) for v in c) for k, c in d.get("slow_conv", {}).items()},
                    depthwise_probes=bool(d.get("depthwise_probes", False)),
-                   depthwise_floor=borrowed_depthwise_floor(hw, d))
+                   depthwise_floor=borrowed_depthwise_floor(hw, d),
+                   attention=({k: tuple(float(v) for v in c) for k, c in d.get("attention", {}).items()}
+                              if hw.kind == "cpu" else {}))
 
 
 def with_gpu_probes(hw: Hardware, fitted_on: str) -> Hardware:
@@ -697,7 +714,8 @@ def _kernel_seconds(x: torch.Tensor, x_cat: torch.Tensor, profile: Profile,
                                                 profile.channel_ramp)
     for law, features, law_seconds in ((profile.depthwise, depthwise_shapes,
                                         partial(depthwise_law_seconds, floor=profile.depthwise_floor)),
-                                       (profile.slow_conv, slow_conv_terms, slow_conv_seconds)):
+                                       (profile.slow_conv, slow_conv_terms, slow_conv_seconds),
+                                       (profile.attention, attention_terms, slow_conv_seconds)):
         if not law:
             continue
         feats = features(x, x_cat)
@@ -758,11 +776,60 @@ def slow_conv_terms(x: torch.Tensor, x_cat: torch.Tensor) -> torch.Tensor:
 
 def slow_conv_seconds(terms: torch.Tensor, backward: torch.Tensor, dtypes: list[str],
                       law: dict[str, tuple[float, ...]]) -> torch.Tensor:
-    """Per node (float64 [N]) its time by a slow-path convolution law (``Profile.slow_conv``) from its
-    costs (``slow_conv_terms``), NaN where it has none or its (direction, dtype) no law."""
+    """Per node (float64 [N]) its time by an additive law (``Profile.slow_conv``, ``Profile.attention``) from
+    its costs (``slow_conv_terms``, ``attention_terms``), NaN where it has none or its (direction, dtype) no
+    law."""
     out = torch.full((terms.shape[0],), float("nan"), dtype=torch.float64)
     for rows, c in _law_rows(law, ~torch.isnan(terms[:, 0]), backward, dtypes):
         out[rows] = terms[rows] @ torch.tensor(c, dtype=torch.float64)
+    return out
+
+
+ATTENTION_TERMS = ("call", "block", "row", "score", "mac", "byte")
+"""The costs of a fused attention kernel (``attention_terms``), in the order of a law's coefficients."""
+
+ATTENTION_Q_SPLITS = ((768, 256), (192, 64), (0, 32))
+"""(least query length, query block rows) as aten's CPU flash attention picks its query block
+(``flash_attention_kernel_impl`` and its backward in ``aten/src/ATen/native/cpu/FlashAttentionKernel.cpp``:
+256 rows from 768 query positions, 64 from 192, else 32), its key block being ``ATTENTION_KV_SPLIT``."""
+ATTENTION_KV_SPLIT = 512
+ATTENTION_CATEGORY = ops.CATEGORIES.index("attention")
+
+
+def attention_q_split(q_len: torch.Tensor) -> torch.Tensor:
+    """Per query length, the query block aten's CPU flash attention runs it in (``ATTENTION_Q_SPLITS``)."""
+    out = torch.full_like(q_len, float(ATTENTION_Q_SPLITS[-1][1]))
+    for least, rows in reversed(ATTENTION_Q_SPLITS[:-1]):
+        out = torch.where(q_len >= least, torch.full_like(q_len, float(rows)), out)
+    return out
+
+
+def attention_terms(x: torch.Tensor, x_cat: torch.Tensor) -> torch.Tensor:
+    """Per node (float64 [N, 6], ``ATTENTION_TERMS``) what a fused attention kernel costs
+    (``Profile.attention``): 1 (the call), its (query block, key block) pairs over every batch and head
+    (``attention_q_split``, ``ATTENTION_KV_SPLIT``), its query rows (batch x heads x query length), its
+    scores (batch x heads x query x key length, as its FLOPs count them: halved where causal), its
+    multiply-adds (FLOPs / 2) and the bytes it reads and writes; NaN rows for every other node. Batch, heads,
+    query length and head size come from its first input (the query, or the backward's incoming gradient:
+    the same shape), the key length from its FLOPs (``ops._attention_flops``, a value head size equal to the
+    query's)."""
+    out = torch.full((x.shape[0], len(ATTENTION_TERMS)), float("nan"), dtype=torch.float64)
+    att = x_cat[:, 1] == ATTENTION_CATEGORY
+    if not bool(att.any()):
+        return out
+    xs, backward = x[att], x_cat[att, 3] == BACKWARD_PHASE
+    dims = _dims(xs[:, 8:12])
+    batch, heads, q_len, head = dims.unbind(1)
+    flops = _unlog(xs[:, 0])
+    scores = flops / (4.0 * head.clamp_min(1) * torch.where(backward, 2.5, 1.0))
+    rows = batch * heads * q_len
+    kv_len = scores / rows.clamp_min(1)
+    blocks = (batch * heads * torch.ceil(q_len / attention_q_split(q_len))
+              * torch.ceil(kv_len / ATTENTION_KV_SPLIT).clamp_min(1))
+    moved = _unlog(xs[:, 1]) + _unlog(xs[:, 2])
+    terms = torch.stack([torch.ones_like(flops), blocks, rows, scores, flops / 2.0, moved], 1)
+    terms[~((dims > 0).all(1) & (flops > 0))] = float("nan")
+    out[att] = terms
     return out
 
 

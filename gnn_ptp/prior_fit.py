@@ -91,6 +91,9 @@ class KernelRows:
     step_share: torch.Tensor | None = None
     """Per row, its time over the summed time of every measured kernel of its step (its profile's matched
     nodes; ``fit_device(step_weights=True)``); None: unknown."""
+    attention: torch.Tensor | None = None
+    """Per row, a fused attention kernel's costs ([R, 6], ``prior.attention_terms``; NaN for other rows;
+    None: unknown, none)."""
 
     def __len__(self) -> int:
         return int(self.seconds.numel())
@@ -127,7 +130,7 @@ def kernel_rows(samples: list, node_seconds: dict[str, list[torch.Tensor]]) -> K
     tensor of per-node seconds per profile, NaN where unmatched; profiles of a configuration averaged)."""
     parts = {k: [] for k in ("flops", "moved", "dtype", "gemm", "tc", "cat", "family", "s", "draw", "bwd", "fresh",
                                  "grouped", "depthwise", "conv_gemm", "bn_channels", "opt", "layout", "slow_conv",
-                                 "share")}
+                                 "share", "attention")}
     gemm_ids = torch.tensor([ops.CATEGORIES.index(c) for c in ops.TENSOR_CORE_CATEGORIES])
     for s in samples:
         per_profile = node_seconds.get(s.key)
@@ -157,6 +160,7 @@ def kernel_rows(samples: list, node_seconds: dict[str, list[torch.Tensor]]) -> K
         parts["depthwise"].append(prior.depthwise_shapes(x, x_cat))
         parts["conv_gemm"].append(prior.conv_gemm_intensity(x, x_cat))
         parts["slow_conv"].append(prior.slow_conv_terms(x, x_cat))
+        parts["attention"].append(prior.attention_terms(x, x_cat))
         parts["bn_channels"].append(prior.batch_norm_channels(x, x_cat))
         layout = getattr(s, "gemm_layout", None)
         parts["layout"].append(layout[keep].long() if layout is not None else torch.zeros(int(keep.sum()), dtype=torch.long))
@@ -170,7 +174,8 @@ def kernel_rows(samples: list, node_seconds: dict[str, list[torch.Tensor]]) -> K
                       torch.cat(parts["s"]), torch.cat(parts["draw"]), torch.cat(parts["bwd"]),
                       torch.cat(parts["fresh"]), torch.cat(parts["grouped"]), torch.cat(parts["depthwise"]),
                       torch.cat(parts["conv_gemm"]), torch.cat(parts["bn_channels"]), torch.cat(parts["opt"]),
-                      torch.cat(parts["layout"]), torch.cat(parts["slow_conv"]), torch.cat(parts["share"]))
+                      torch.cat(parts["layout"]), torch.cat(parts["slow_conv"]), torch.cat(parts["share"]),
+                      torch.cat(parts["attention"]))
 
 
 def row_draws(key: str, n: int) -> torch.Tensor:
@@ -417,7 +422,8 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
                gemm_layouts: bool = False, layout_curves: bool = False,
                bounded_layout_curves: bool = False, layout_levels: bool = False,
                slow_conv: tuple[str, ...] = (), depthwise_probes: bool = False,
-               step_weights: bool = False, depthwise_stride: bool = False, depthwise_floor: bool = False) -> dict:
+               step_weights: bool = False, depthwise_stride: bool = False, depthwise_floor: bool = False,
+               attention_law: bool = False) -> dict:
     """Curves (``prior.Curve`` dicts) for GEMM-like kernels per category and dtype (``by_category``; else per
     dtype), other compute ("vector"), memory traffic, and the device floor in seconds, fitted to ``rows``.
     With ``intensity`` the compute curves also ramp with arithmetic intensity; with ``vector_by_category``
@@ -472,8 +478,13 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
     and ``hw`` carrying depthwise probes (``Hardware.depthwise_probe_s``), the channels-last depthwise
     convolutions are priced from them (``prior.Profile.depthwise_probes``) and left out of the law and the
     curves; without probes it changes nothing. With ``step_weights`` each kernel weighs in the curves' fit
-    as its share of its own step (``kernel_weights``; tried on the first CPU kind, worse: README *Protocol*)."""
+    as its share of its own step (``kernel_weights``; tried on the first CPU kind, worse: README *Protocol*).
+    With ``attention_law`` each direction and dtype of fused attention kernels gets a law in the costs of
+    its kernel's loops (``fit_attention``, ``prior.Profile.attention``), fitted to every such row; the curves
+    are fitted as without it."""
     slow = fit_slow_conv(rows, tuple(slow_conv), fresh)
+    attention = (fit_attention(rows, hw, None if bool(fresh) and fresh.get("s_per_byte") is None else fresh)
+                 if attention_law else {})
     fit_fresh = bool(fresh) and fresh.get("s_per_byte") is None
     probed = depthwise_probes and bool(hw.depthwise_probe_s)
     rows = unprobed(rows, hw) if probed else rows
@@ -572,6 +583,8 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
             out["depthwise_floor"] = floors
         if slow:
             out["slow_conv"] = slow
+        if attention:
+            out["attention"] = attention
         if conv_intensity != "tensor":
             out["conv_intensity"] = conv_intensity
         if gemm_layouts:
@@ -691,7 +704,43 @@ def fit_slow_conv(rows: KernelRows, dtypes: tuple[str, ...], fresh: dict | None 
     {} without ``dtypes`` or such rows."""
     if not dtypes or rows.slow_conv is None:
         return {}
-    has = ~torch.isnan(rows.slow_conv[:, 0])
+    return _additive_law(rows, rows.slow_conv, dtypes, fresh)
+
+
+def fit_attention(rows: KernelRows, hw: Hardware, fresh: dict | None = None) -> dict:
+    """An attention law (``prior.Profile.attention``) per direction and dtype with at least
+    ``ATTENTION_MIN_ROWS`` fused attention kernels in ``rows``: the time as a non-negative sum of the costs of
+    ``prior.attention_terms``, fitted as ``fit_slow_conv`` fits its law but with each column scaled to unit
+    norm (``_additive_law(unit_free=True)``) and the multiply-adds at ``hw``'s GEMM peak of the dtype
+    (``Hardware.flops_rate``: 2 / peak seconds each, not fitted): the rest of the time is what the kernel's
+    loops add above its GEMM work at peak (per call, block pair, query row, score and byte), each at least 0:
+    {"backward:bf16": [6 s/unit]}; {} where there are none. The curves are still
+    fitted to these rows (the law overrides them where it applies). Declared before it was scored (README
+    *Protocol*, "Attention by its kernel's loops")."""
+    if rows.attention is None:
+        return {}
+    has = ~torch.isnan(rows.attention[:, 0])
+    mac = prior.ATTENTION_TERMS.index("mac")
+    peak = {d: 2.0 / hw.flops_rate(d, False, gemm=True) for d in set(np.array(rows.dtype)[has.numpy()])}
+    return _additive_law(rows, rows.attention, tuple(sorted(peak)), fresh, ATTENTION_MIN_ROWS, unit_free=True,
+                         fixed={(mac, d): s for d, s in peak.items()})
+
+
+ATTENTION_MIN_ROWS = 2 * len(prior.ATTENTION_TERMS)
+"""Fused attention kernels a (direction, dtype) needs for a law of its own (``fit_attention``): twice its
+terms. A step has one per layer and direction, so a dataset holds far fewer than of its GEMMs: the size
+protocol's smaller half on the first CPU kind has 24 fp32 ones a direction."""
+
+
+def _additive_law(rows: KernelRows, terms: torch.Tensor, dtypes: tuple[str, ...], fresh: dict | None,
+                  min_rows: int = MIN_GROUP_ROWS, unit_free: bool = False, fixed: dict | None = None) -> dict:
+    """``fit_slow_conv``'s fit of the costs ``terms`` (NaN rows: not priced by the law) per direction and dtype
+    of ``dtypes`` with at least ``min_rows`` rows. With ``unit_free`` each cost's column is scaled to unit
+    norm before the fit (and its coefficient back after), so that where the rows cannot tell two costs apart
+    (both grow alike over them) the least-norm answer splits the time between them whatever their units,
+    rather than giving it to the one counted in the larger numbers. ``fixed``: {(term index, dtype): seconds
+    per unit} of terms not fitted (their time is counted, the others fitted to the rest)."""
+    has = ~torch.isnan(terms[:, 0])
     target = _law_target(rows, fresh)
     backward = rows.backward_mask()
     names = np.array(rows.dtype)
@@ -699,11 +748,20 @@ def fit_slow_conv(rows: KernelRows, dtypes: tuple[str, ...], fresh: dict | None 
     for b in (False, True):
         for d in dtypes:
             m = (has & (backward == b) & torch.from_numpy(names == d)).numpy()
-            if int(m.sum()) < MIN_GROUP_ROWS:
+            if int(m.sum()) < min_rows:
                 continue
             t = target.numpy()[m]
             w = np.sqrt(t / np.median(t))
-            coef = _nnls(rows.slow_conv.numpy()[m] / t[:, None] * w[:, None], w)
+            design = terms.numpy()[m] / t[:, None] * w[:, None]
+            held = {i: c for (i, dt), c in (fixed or {}).items() if dt == d}
+            free = [i for i in range(design.shape[1]) if i not in held]
+            target_w = w - sum(design[:, i] * c for i, c in held.items()) if held else w
+            norm = np.linalg.norm(design[:, free], axis=0) if unit_free else np.ones(len(free))
+            norm = np.where(norm > 0, norm, 1.0)
+            coef = np.zeros(design.shape[1])
+            coef[free] = _nnls(design[:, free] / norm, target_w) / norm
+            for i, c in held.items():
+                coef[i] = c
             law[prior.depthwise_key(b, d)] = [float(c) for c in coef]
     return law
 
@@ -739,7 +797,7 @@ def device_profile(hw: Hardware, fitted: dict, host_s=None, fixed_s=None) -> pri
          "memory_fraction": fitted.get("memory_fraction", {}),
          "memory_half_size": fitted.get("memory_half_size", {}), "streaming": fitted.get("streaming", []),
          "depthwise": fitted.get("depthwise", {}), "slow_conv": fitted.get("slow_conv", {}),
-         "depthwise_floor": fitted.get("depthwise_floor", {})}
+         "depthwise_floor": fitted.get("depthwise_floor", {}), "attention": fitted.get("attention", {})}
     if fitted.get("conv_intensity"):
         d["conv_intensity"] = fitted["conv_intensity"]
     if fitted.get("channel_ramp"):
@@ -806,7 +864,8 @@ def _prior_seconds(rows: KernelRows, profile: prior.Profile) -> torch.Tensor:
         seconds = seconds * prior.channel_ramp_factor(rows.bn_channels, rows.backward_mask(), profile.channel_ramp)
     for law, feats, law_seconds in ((profile.depthwise, rows.depthwise,
                                      partial(prior.depthwise_law_seconds, floor=profile.depthwise_floor)),
-                                    (profile.slow_conv, rows.slow_conv, prior.slow_conv_seconds)):
+                                    (profile.slow_conv, rows.slow_conv, prior.slow_conv_seconds),
+                                    (profile.attention, rows.attention, prior.slow_conv_seconds)):
         if law and feats is not None:  # as prior.node_seconds prices a graph's nodes
             by_law = law_seconds(feats, rows.backward_mask(), rows.dtype, law)
             seconds = torch.where(torch.isnan(by_law), seconds, by_law)
@@ -938,7 +997,8 @@ def take(rows: KernelRows, keep: torch.Tensor) -> KernelRows:
                       rows.tensor_core[keep], [rows.category[i] for i in pick], [rows.family[i] for i in pick],
                       rows.seconds[keep], part(rows.draw), part(rows.backward), part(rows.fresh),
                       part(rows.grouped), part(rows.depthwise), part(rows.conv_gemm), part(rows.bn_channels),
-                      part(rows.optimizer), part(rows.layout), part(rows.slow_conv), part(rows.step_share))
+                      part(rows.optimizer), part(rows.layout), part(rows.slow_conv), part(rows.step_share),
+                      part(rows.attention))
 
 
 def fit(samples: list, node_seconds: dict, hw: Hardware, max_rows: int | None = None, **device_kw):
@@ -951,6 +1011,7 @@ def fit(samples: list, node_seconds: dict, hw: Hardware, max_rows: int | None = 
     rows = kernel_rows(samples, node_seconds)
     rows = unprobed(rows, hw) if device_kw.get("depthwise_probes") else rows  # before the law is fitted
     slow = fit_slow_conv(rows, tuple(device_kw.pop("slow_conv", ())), device_kw.get("fresh"))
+    attention = fit_attention(rows, hw, device_kw.get("fresh")) if device_kw.pop("attention_law", False) else {}
     stride, floor = device_kw.pop("depthwise_stride", False), device_kw.pop("depthwise_floor", False)
     law, floors, rows = (_depthwise_apart(rows, device_kw.get("fresh"), stride, floor)
                          if device_kw.pop("depthwise", False) else ({}, {}, rows))
@@ -963,6 +1024,8 @@ def fit(samples: list, node_seconds: dict, hw: Hardware, max_rows: int | None = 
         fitted["depthwise_floor"] = floors
     if slow:
         fitted["slow_conv"] = slow
+    if attention:
+        fitted["attention"] = attention
     if profiler_cost:
         fitted["profiler_cost"] = True
     host, fixed, report = fit_host(samples, device_profile(hw, fitted))
@@ -991,7 +1054,8 @@ def section_options(section: dict) -> dict:
             "profiler_cost": bool(section.get("profiler_cost")),
             "depthwise_stride": any(len(c) > prior.DEPTHWISE_SHAPE.index("stride") + 1
                                     for c in section.get("depthwise", {}).values()),
-            "depthwise_floor": bool(section.get("depthwise_floor"))}
+            "depthwise_floor": bool(section.get("depthwise_floor")),
+            "attention_law": bool(section.get("attention"))}
 
 
 MAX_ROWS = 80_000
