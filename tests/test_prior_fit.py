@@ -380,6 +380,80 @@ def test_slow_path_convolutions_get_a_sum_of_costs_in_their_shape():
     assert not torch.allclose(prior_fit._prior_seconds(rows, none), prior_fit._prior_seconds(rows, with_law))
 
 
+def test_attention_gets_a_sum_of_its_kernel_s_loop_costs_with_its_multiply_adds_at_the_peak():
+    """SYNTHETIC fused attention kernels whose time is a known sum of per-block, per-row and per-score costs
+    plus their multiply-adds at the hardware's GEMM peak (as aten's CPU flash attention): ``fit_attention``
+    holds the multiply-adds at the peak, recovers the cost that carries the rest, each direction its own, and
+    fits no law for a dtype with fewer than ``ATTENTION_MIN_ROWS`` kernels; ``prior.attention_terms`` reads a
+    traced attention's costs from its features alone (aten's query block: 64 rows at 256 tokens), and a
+    profile with the law prices it by them; a GPU section never takes the law."""
+    cpu = HARDWARE["cpu"]
+    g = torch.Generator().manual_seed(7)
+    n = 400
+    backward = torch.rand(n, generator=g) < 0.5
+    batch, heads = torch.randint(1, 17, (n,), generator=g).double(), torch.randint(1, 9, (n,), generator=g).double()
+    seq = torch.tensor([32.0, 64.0, 128.0, 256.0, 512.0, 1024.0])[torch.randint(0, 6, (n,), generator=g)]
+    head = torch.tensor([32.0, 64.0])[torch.randint(0, 2, (n,), generator=g)]
+    blocks = batch * heads * torch.ceil(seq / prior.attention_q_split(seq)) * torch.ceil(seq / 512)
+    scores = batch * heads * seq * seq
+    macs = 2 * scores * head * torch.where(backward, 2.5, 1.0)
+    terms = torch.stack([torch.ones(n, dtype=torch.float64), blocks, batch * heads * seq, scores, macs,
+                         4 * batch * heads * seq * head * 4], 1)
+    dtype = ["fp32"] * (n - 10) + ["bf16"] * 10  # too few bf16 kernels for a law of their own
+    mac_s = 2 / cpu.flops_rate("fp32", False, gemm=True)
+    costs = {"forward:fp32": [0.0, 0.0, 0.0, 3e-9, mac_s, 0.0], "backward:fp32": [0.0, 70e-6, 0.0, 0.0, mac_s, 0.0]}
+    truth = prior.slow_conv_seconds(terms, backward, dtype, costs)
+    seconds = truth * torch.exp(0.05 * torch.randn(n, generator=g, dtype=torch.float64))
+    rows = prior_fit.KernelRows(2 * macs, terms[:, 5], dtype, torch.ones(n, dtype=torch.bool),
+                                torch.zeros(n, dtype=torch.bool), ["attention"] * n, ["synthetic"] * n, seconds,
+                                None, backward, attention=terms)
+    law = prior_fit.fit_attention(rows, cpu)
+    assert set(law) == set(costs) and all(c >= 0 for v in law.values() for c in v)
+    mac = prior.ATTENTION_TERMS.index("mac")
+    for key, want in costs.items():
+        assert law[key][mac] == mac_s  # held at the peak, not fitted
+        big = prior.ATTENTION_TERMS.index("score" if key.startswith("forward") else "block")
+        assert law[key][big] == pytest.approx(want[big], rel=0.1)
+        m = (backward == key.startswith("backward")) & torch.tensor([d == "fp32" for d in dtype])
+        priced = prior.slow_conv_seconds(terms[m], backward[m], ["fp32"] * int(m.sum()), law)
+        assert float(priced.sum() / seconds[m].sum()) == pytest.approx(1.0, abs=0.05)
+    assert prior_fit.fit_attention(replace(rows, attention=None), cpu) == {}
+    assert prior.attention_q_split(torch.tensor([100.0, 191.0, 192.0, 767.0, 768.0])).tolist() == [32, 32, 64, 64, 256]
+
+    from conftest import RANDOM_TRANSFORMER, spec_of
+    from gnn_ptp import graph
+    from gnn_ptp.spec import Shape
+    from gnn_ptp.trace import StepConfig, trace_step
+
+    spec = spec_of(RANDOM_TRANSFORMER, "causal=false", "dropout=0.0")  # 2 heads of 32, one layer (no dropout: aten's fused kernel)
+    traced = trace_step(StepConfig(spec, Shape(3, 256), "fp32", target="cpu"))
+    tensors, _ = graph.to_tensors(traced)
+    x, x_cat = tensors["x"], tensors["x_cat"]
+    att = torch.nonzero(x_cat[:, 1] == ops.CATEGORIES.index("attention")).flatten()
+    assert x_cat[att, 3].tolist() == [0, 1]  # its forward and its fused backward
+    read = prior.attention_terms(x, x_cat)[att]
+    assert torch.isnan(prior.attention_terms(x, x_cat)[x_cat[:, 1] != ops.CATEGORIES.index("attention")]).all()
+    for r in read:  # batch 3, heads 2, 256 tokens: 4 query blocks of 64 rows, one key block
+        assert r[prior.ATTENTION_TERMS.index("block")].item() == 3 * 2 * 4
+        assert r[prior.ATTENTION_TERMS.index("row")].item() == 3 * 2 * 256
+        assert r[prior.ATTENTION_TERMS.index("score")].item() == pytest.approx(3 * 2 * 256 * 256, rel=0.01)
+    assert read[1, mac].item() == pytest.approx(2.5 * read[0, mac].item(), rel=0.01)
+    none = prior.Profile(cpu, launch_floor_s=1e-9)
+    fitted = {k: tuple(v) for k, v in law.items()}
+    priced = prior.node_seconds(x, x_cat, replace(none, attention=fitted))[att]
+    torch.testing.assert_close(priced, prior.slow_conv_seconds(read, x_cat[att, 3] == prior.BACKWARD_PHASE,
+                                                               ["fp32"] * 2, fitted))
+    assert not torch.allclose(prior.node_seconds(x, x_cat, none)[att], priced)
+    torch.testing.assert_close(prior_fit._prior_seconds(rows, replace(none, attention=fitted)),
+                               prior.slow_conv_seconds(terms, backward, dtype, fitted).clamp_min(1e-9)
+                               .where(torch.tensor([d == "fp32" for d in dtype]),
+                                      prior_fit._prior_seconds(rows, none)))
+    section = {"attention": {k: list(v) for k, v in fitted.items()}}
+    assert prior.profile_from_dict(cpu, section).attention == fitted
+    assert prior.profile_from_dict(HARDWARE["h200"], section).attention == {}
+    assert prior_fit.section_options(section)["attention_law"] and not prior_fit.section_options({})["attention_law"]
+
+
 def test_protocol_refits_a_gpu_prior_per_fold_on_the_training_families_only():
     """gnn_ptp/protocol.py's PriorRefit: every sample of the fold is re-priced by a prior fitted to the
     training and validation configurations; the test family's kernels and steps (SYNTHETIC, made 3x slower
@@ -448,7 +522,8 @@ def test_section_options_read_how_a_shipped_section_was_fitted():
                                                        "bounded_layout_curves": False, "layout_levels": False,
                                                        "slow_conv": (), "depthwise_probes": False,
                                                        "step_weights": False, "profiler_cost": False,
-                                                       "depthwise_stride": False, "depthwise_floor": False}
+                                                       "depthwise_stride": False, "depthwise_floor": False,
+                                                       "attention_law": False}
     # a depthwise law of five coefficients (no stride term) is not a stride law
     assert not prior_fit.section_options({"gemm": {}, "depthwise": {"backward:bf16": [0.0] * 5}})["depthwise_stride"]
     full = {"vector_fraction": {"norm": 0.5}, "memory_fraction": {"copy:fp32": 1.0}, "channel_ramp": {"x": [1, 1]},
@@ -456,13 +531,14 @@ def test_section_options_read_how_a_shipped_section_was_fitted():
             "layout_levels": True, "slow_conv": {"forward:bf16": [0.0] * 6, "backward:bf16": [0.0] * 6},
             "depthwise_probes": True, "step_weights": True, "profiler_cost": True,
             "depthwise": {"forward:bf16": [0.0] * 5, "backward:bf16": [0.0] * 6},
-            "depthwise_floor": {"backward:bf16": 1e-9}}
+            "depthwise_floor": {"backward:bf16": 1e-9}, "attention": {"backward:bf16": [0.0] * 6}}
     assert prior_fit.section_options(full) == {"vector_by_category": True, "memory_by_category": True,
                                                "channel_ramp": True, "conv_intensity": "gemm", "gemm_layouts": True,
                                                "layout_curves": True, "bounded_layout_curves": True,
                                                "layout_levels": True, "slow_conv": ("bf16",), "depthwise_probes": True,
                                                "step_weights": True, "profiler_cost": True,
-                                               "depthwise_stride": True, "depthwise_floor": True}
+                                               "depthwise_stride": True, "depthwise_floor": True,
+                                               "attention_law": True}
     table = prior.calibration()
     assert prior_fit.section_options(table["cpu"])["vector_by_category"]  # per-category since the 19th session
     assert prior_fit.section_options(table["cpu-amd-epyc-family-26-model-2"])["memory_by_category"]
