@@ -505,7 +505,8 @@ def _section(hw, env: dict, source: str, summary: str, by_class: str, fitted: di
             **({"vector_fraction": fitted["vector_fraction"]} if fitted.get("vector_fraction") else {}),
             **({k: fitted[k] for k in ("memory_fraction", "memory_half_size", "streaming", "depthwise",
                                        "conv_intensity", "channel_ramp", "gemm_layouts", "layout_levels",
-                                       "slow_conv", "depthwise_probes", "step_weights", "profiler_cost")
+                                       "slow_conv", "depthwise_probes", "step_weights", "profiler_cost",
+                                       "attention")
                 if fitted.get(k)}),
             **({"fresh_threshold_bytes": fitted["fresh"]["threshold_bytes"],
                 "fresh_s_per_byte": fitted["fresh"]["s_per_byte"]} if fitted.get("fresh") else {}),
@@ -684,6 +685,11 @@ def main() -> None:
                     help="with --profiles: the depthwise law has the stride among its terms (prior.Profile.depthwise; "
                          "on the first CPU kind a bf16 depthwise backward of stride 2 runs ~5x one of stride 1 of "
                          "its shape: README *Protocol*, the depthwise stride); the section's law says so")
+    ap.add_argument("--attention-law", action="store_true",
+                    help="with --profiles on a CPU kind: fused attention priced by a sum of the costs of aten's CPU "
+                         "kernel's loops, its multiply-adds at the kind's GEMM peak (prior.Profile.attention, "
+                         "prior_fit.fit_attention; README *Protocol*, attention by its kernel's loops); the "
+                         "section carries the law")
     ap.add_argument("--labels", default="mean", choices=("mean", "fastest"),
                     help="with --profiles: the timed steps the host costs are fitted to and scored on, labelled "
                          "by the mean of each configuration's records (default) or by its fastest record (the "
@@ -737,6 +743,7 @@ def main() -> None:
               **({"step_weights": True} if args.step_weights else {}),
               **({"profiler_cost": True} if args.profiler_cost else {}),
               **({"depthwise_stride": True} if args.depthwise_stride else {}),
+              **({"attention_law": True} if args.attention_law else {}),
               **(KERNEL_CLASSES if args.kernel_classes else {})}
         if args.lofo_only:
             _, e = fit_profiles_lofo(args.profiles, score_only=True, jobs=args.jobs, labels=args.labels, **kw)
@@ -756,7 +763,7 @@ def main() -> None:
         table[name] = section
         shown = ("gemm", "vector", "vector_fraction", "memory", "memory_fraction", "memory_half_size", "streaming",
                  "launch_floor_s", "host_issue_s", "host_fixed_s", "fresh_threshold_bytes", "fresh_s_per_byte",
-                 "depthwise", "conv_intensity", "channel_ramp", "gemm_layouts", "slow_conv")
+                 "depthwise", "conv_intensity", "channel_ramp", "gemm_layouts", "slow_conv", "attention")
         print(f"{name}:", json.dumps({k: section[k] for k in shown if k in section}, indent=1))
         print_lofo(e) if args.lofo else print_profile_errors(e)
     if args.neusight:
