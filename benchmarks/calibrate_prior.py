@@ -506,7 +506,7 @@ def _section(hw, env: dict, source: str, summary: str, by_class: str, fitted: di
             **({k: fitted[k] for k in ("memory_fraction", "memory_half_size", "streaming", "depthwise",
                                        "conv_intensity", "channel_ramp", "gemm_layouts", "layout_levels",
                                        "slow_conv", "depthwise_probes", "step_weights", "profiler_cost",
-                                       "attention")
+                                       "attention", "depthwise_paths")
                 if fitted.get(k)}),
             **({"fresh_threshold_bytes": fitted["fresh"]["threshold_bytes"],
                 "fresh_s_per_byte": fitted["fresh"]["s_per_byte"]} if fitted.get("fresh") else {}),
@@ -690,6 +690,10 @@ def main() -> None:
                          "kernel's loops, its multiply-adds at the kind's GEMM peak (prior.Profile.attention, "
                          "prior_fit.fit_attention; README *Protocol*, attention by its kernel's loops); the "
                          "section carries the law")
+    ap.add_argument("--depthwise-paths", action="store_true",
+                    help="with --profiles on a CPU kind: depthwise convolutions priced by a sum of costs per kernel "
+                         "path (stride, taps) in place of the power law (prior.Profile.depthwise_paths, "
+                         "prior_fit.fit_depthwise_paths); the section carries the law")
     ap.add_argument("--labels", default="mean", choices=("mean", "fastest"),
                     help="with --profiles: the timed steps the host costs are fitted to and scored on, labelled "
                          "by the mean of each configuration's records (default) or by its fastest record (the "
@@ -744,6 +748,7 @@ def main() -> None:
               **({"profiler_cost": True} if args.profiler_cost else {}),
               **({"depthwise_stride": True} if args.depthwise_stride else {}),
               **({"attention_law": True} if args.attention_law else {}),
+              **({"depthwise_paths": True} if args.depthwise_paths else {}),
               **(KERNEL_CLASSES if args.kernel_classes else {})}
         if args.lofo_only:
             _, e = fit_profiles_lofo(args.profiles, score_only=True, jobs=args.jobs, labels=args.labels, **kw)
@@ -763,7 +768,8 @@ def main() -> None:
         table[name] = section
         shown = ("gemm", "vector", "vector_fraction", "memory", "memory_fraction", "memory_half_size", "streaming",
                  "launch_floor_s", "host_issue_s", "host_fixed_s", "fresh_threshold_bytes", "fresh_s_per_byte",
-                 "depthwise", "conv_intensity", "channel_ramp", "gemm_layouts", "slow_conv", "attention")
+                 "depthwise", "conv_intensity", "channel_ramp", "gemm_layouts", "slow_conv", "attention",
+                 "depthwise_paths")
         print(f"{name}:", json.dumps({k: section[k] for k in shown if k in section}, indent=1))
         print_lofo(e) if args.lofo else print_profile_errors(e)
     if args.neusight:

@@ -285,8 +285,11 @@ def transfer(profile, source: "Descriptor", target: "Descriptor", mode: str | No
         factor = 1.0 / math.sqrt(ratio["vector"] * ratio["memory"])
         depthwise, floor = prior.scaled_depthwise(depthwise, factor), prior.scaled_depthwise_floor(floor, factor)
         attention = {k: tuple(c * factor for c in v) for k, v in attention.items()}
+        paths = {k: tuple(c * factor for c in v) for k, v in profile.depthwise_paths.items()}
+    else:
+        paths = profile.depthwise_paths
     return replace(profile, hardware=moved, moved_from=moved_from, depthwise=depthwise, depthwise_floor=floor,
-                   attention=attention,
+                   attention=attention, depthwise_paths=paths,
                    launch_floor_s=profile.launch_floor_s * host,
                    host_issue_s=scaled(profile.host_issue_s), host_fixed_s=scaled(profile.host_fixed_s),
                    fresh_threshold_bytes=fresh["threshold_bytes"] if fresh else None,

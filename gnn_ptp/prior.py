@@ -262,6 +262,16 @@ class Profile:
     256-token attention at 2.5-3.0x its time (README *Protocol*, "Where the held-back steps' error comes
     from"). Other nodes, and a (direction, dtype) without a law, use the curves."""
 
+    depthwise_paths: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    """Where fitted so (``prior_fit.fit_device(depthwise_paths=True)``), per "forward:<dtype>" and
+    "backward:<dtype>", a depthwise-like convolution's time as a sum of costs per kernel path in place of the
+    power law (``depthwise_path_terms``, coefficients in seconds per unit, ``slow_conv_seconds``' sum): per
+    call, per plane (batch x channels), and per path (stride 1 or 2, 3x3, 5x5 or 7x7 taps) per multiply-add
+    and per plane. On the first CPU kind a large depthwise backward runs at a cost per multiply-add its path
+    fixes (bf16 stride 1 3x3 ~0.24 ns, 5x5 ~0.9, stride 2 4-6 ns), where the power law's space exponent
+    (0.12-0.38) priced 1e7-size kernels at 0.25-0.5x their time (README *Protocol*, "Depthwise convolutions by
+    their kernel's path"). Other nodes, and a (direction, dtype) without a law, are priced as without it."""
+
     @property
     def serial(self) -> bool:
         """A CPU: the thread that issues a kernel runs it, so a phase with host costs is their plain sum,
@@ -505,7 +515,7 @@ PREDICTIVE_KEYS = ("gemm", "vector", "memory", "launch_floor_s", "host_issue_s",
 OPTIONAL_PREDICTIVE_KEYS = ("vector_fraction", "memory_fraction", "memory_half_size", "streaming",
                             "fresh_threshold_bytes", "fresh_s_per_byte", "depthwise", "conv_intensity",
                             "channel_ramp", "gemm_layouts", "slow_conv", "depthwise_probes", "depthwise_floor",
-                            "attention")
+                            "attention", "depthwise_paths")
 """Predictive keys a section may lack; the digest covers them only where present, so that a section
 written before they existed keeps its digest (and the checkpoints trained over it stay valid)."""
 
@@ -539,7 +549,8 @@ def profile_from_dict(hw: Hardware, d: dict) -> Profile:
     H200's: ``CURVES_OF``) gives its curves as they are, fractions of ``hw``'s own peaks; its depthwise law,
     in seconds, is moved by the two GPUs' memory bandwidth (``borrowed_depthwise``). A GPU section fitted
     with depthwise probes reads them from the GPU's probe file (``with_gpu_probes``). An attention law
-    (``Profile.attention``) prices aten's CPU kernel: only a CPU takes it."""
+    (``Profile.attention``) prices aten's CPU kernel and a depthwise law per path (``Profile.depthwise_paths``)
+    oneDNN's CPU kernels: only a CPU takes them."""
     if d.get("depthwise_probes") and hw.kind != "cpu" and not hw.depthwise_probe_s:
         hw = with_gpu_probes(hw, d.get("fitted_on") or "")
     return Profile(hw, {k: Curve.from_dict(v) for k, v in d.get("gemm", {}).items()},
@@ -562,7 +573,9 @@ def profile_from_dict(hw: Hardware, d: dict) -> Profile:
                    depthwise_probes=bool(d.get("depthwise_probes", False)),
                    depthwise_floor=borrowed_depthwise_floor(hw, d),
                    attention=({k: tuple(float(v) for v in c) for k, c in d.get("attention", {}).items()}
-                              if hw.kind == "cpu" else {}))
+                              if hw.kind == "cpu" else {}),
+                   depthwise_paths=({k: tuple(float(v) for v in c) for k, c in d.get("depthwise_paths", {}).items()}
+                                    if hw.kind == "cpu" else {}))
 
 
 def with_gpu_probes(hw: Hardware, fitted_on: str) -> Hardware:
@@ -715,7 +728,8 @@ def _kernel_seconds(x: torch.Tensor, x_cat: torch.Tensor, profile: Profile,
     for law, features, law_seconds in ((profile.depthwise, depthwise_shapes,
                                         partial(depthwise_law_seconds, floor=profile.depthwise_floor)),
                                        (profile.slow_conv, slow_conv_terms, slow_conv_seconds),
-                                       (profile.attention, attention_terms, slow_conv_seconds)):
+                                       (profile.attention, attention_terms, slow_conv_seconds),
+                                       (profile.depthwise_paths, _depthwise_path_features, slow_conv_seconds)):
         if not law:
             continue
         feats = features(x, x_cat)
@@ -725,6 +739,10 @@ def _kernel_seconds(x: torch.Tensor, x_cat: torch.Tensor, profile: Profile,
                                  [ops.DTYPES[d] for d in dtype[has].tolist()], law)
             seconds[has] = torch.where(torch.isnan(by_law), seconds[has], by_law)
     return seconds, ideal_s
+
+
+def _depthwise_path_features(x: torch.Tensor, x_cat: torch.Tensor) -> torch.Tensor:
+    return depthwise_path_terms(depthwise_shapes(x, x_cat))
 
 
 SLOW_CONV_CACHE_BYTES = 32 * 1024
@@ -782,6 +800,33 @@ def slow_conv_seconds(terms: torch.Tensor, backward: torch.Tensor, dtypes: list[
     out = torch.full((terms.shape[0],), float("nan"), dtype=torch.float64)
     for rows, c in _law_rows(law, ~torch.isnan(terms[:, 0]), backward, dtypes):
         out[rows] = terms[rows] @ torch.tensor(c, dtype=torch.float64)
+    return out
+
+
+DEPTHWISE_PATHS = ((1, 9), (1, 25), (1, 49), (2, 9), (2, 25), (2, 49))
+"""(stride, taps) of the depthwise kernel paths a law per path prices (``depthwise_path_terms``): a stride above
+1 counts as 2, other taps as the nearest of 9, 25 and 49 by their logarithm."""
+
+
+def depthwise_path_terms(shapes: torch.Tensor) -> torch.Tensor:
+    """Per node (float64 [N, 2 + 2 x len(DEPTHWISE_PATHS)]) what a depthwise-like convolution costs by its
+    kernel's path (``Profile.depthwise_paths``) from its shape (``depthwise_shapes``): 1 (the call), its planes
+    (batch x channels), then per path of ``DEPTHWISE_PATHS`` its multiply-adds (planes x output pixels x
+    taps) where it runs that path, else 0, then per path its planes likewise; NaN rows where it has no shape."""
+    n_paths = len(DEPTHWISE_PATHS)
+    out = torch.full((shapes.shape[0], 2 + 2 * n_paths), float("nan"), dtype=torch.float64)
+    has = ~torch.isnan(shapes[:, 0])
+    if not bool(has.any()):
+        return out
+    s = shapes[has].clamp_min(1.0)
+    planes = s[:, 0] * s[:, 1]
+    stride = torch.where(s[:, 4] > 1, 2.0, 1.0) if s.shape[1] > 4 else torch.ones_like(planes)
+    macs = planes * s[:, 2] / stride ** 2 * s[:, 3]
+    taps = torch.tensor(sorted({t for _, t in DEPTHWISE_PATHS}), dtype=torch.float64)
+    nearest = taps[(torch.log(s[:, 3]).unsqueeze(1) - torch.log(taps)).abs().argmin(1)]
+    on = torch.stack([(stride == st) & (nearest == t) for st, t in DEPTHWISE_PATHS], 1).double()
+    out[has] = torch.cat([torch.ones_like(planes).unsqueeze(1), planes.unsqueeze(1), on * macs.unsqueeze(1),
+                          on * planes.unsqueeze(1)], 1)
     return out
 
 

@@ -423,7 +423,7 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
                bounded_layout_curves: bool = False, layout_levels: bool = False,
                slow_conv: tuple[str, ...] = (), depthwise_probes: bool = False,
                step_weights: bool = False, depthwise_stride: bool = False, depthwise_floor: bool = False,
-               attention_law: bool = False) -> dict:
+               attention_law: bool = False, depthwise_paths: bool = False) -> dict:
     """Curves (``prior.Curve`` dicts) for GEMM-like kernels per category and dtype (``by_category``; else per
     dtype), other compute ("vector"), memory traffic, and the device floor in seconds, fitted to ``rows``.
     With ``intensity`` the compute curves also ramp with arithmetic intensity; with ``vector_by_category``
@@ -481,10 +481,13 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
     as its share of its own step (``kernel_weights``; tried on the first CPU kind, worse: README *Protocol*).
     With ``attention_law`` each direction and dtype of fused attention kernels gets a law in the costs of
     its kernel's loops (``fit_attention``, ``prior.Profile.attention``), fitted to every such row; the curves
-    are fitted as without it."""
+    are fitted as without it. With ``depthwise_paths`` each direction and dtype of depthwise-like
+    convolutions also gets a law per kernel path (``fit_depthwise_paths``, ``prior.Profile.depthwise_paths``),
+    which prices them in place of the power law."""
     slow = fit_slow_conv(rows, tuple(slow_conv), fresh)
-    attention = (fit_attention(rows, hw, None if bool(fresh) and fresh.get("s_per_byte") is None else fresh)
-                 if attention_law else {})
+    law_fresh = None if bool(fresh) and fresh.get("s_per_byte") is None else fresh
+    attention = fit_attention(rows, hw, law_fresh) if attention_law else {}
+    paths = fit_depthwise_paths(unprobed(rows, hw) if depthwise_probes else rows, law_fresh) if depthwise_paths else {}
     fit_fresh = bool(fresh) and fresh.get("s_per_byte") is None
     probed = depthwise_probes and bool(hw.depthwise_probe_s)
     rows = unprobed(rows, hw) if probed else rows
@@ -585,6 +588,8 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
             out["slow_conv"] = slow
         if attention:
             out["attention"] = attention
+        if paths:
+            out["depthwise_paths"] = paths
         if conv_intensity != "tensor":
             out["conv_intensity"] = conv_intensity
         if gemm_layouts:
@@ -726,6 +731,19 @@ def fit_attention(rows: KernelRows, hw: Hardware, fresh: dict | None = None) -> 
                          fixed={(mac, d): s for d, s in peak.items()})
 
 
+def fit_depthwise_paths(rows: KernelRows, fresh: dict | None = None) -> dict:
+    """A depthwise law per kernel path (``prior.Profile.depthwise_paths``) per direction and dtype with at least
+    ``MIN_GROUP_ROWS`` depthwise-like convolutions in ``rows`` (their shapes: ``KernelRows.depthwise``): the
+    time as a non-negative sum of the costs of ``prior.depthwise_path_terms``, each column scaled to unit norm
+    (``_additive_law(unit_free=True)``). {} where there are none. Declared before it was scored (README
+    *Protocol*, "Depthwise convolutions by their kernel's path")."""
+    if rows.depthwise is None:
+        return {}
+    terms = prior.depthwise_path_terms(rows.depthwise)
+    has = ~torch.isnan(terms[:, 0])
+    return _additive_law(rows, terms, tuple(sorted(set(np.array(rows.dtype)[has.numpy()]))), fresh, unit_free=True)
+
+
 ATTENTION_MIN_ROWS = 2 * len(prior.ATTENTION_TERMS)
 """Fused attention kernels a (direction, dtype) needs for a law of its own (``fit_attention``): twice its
 terms. A step has one per layer and direction, so a dataset holds far fewer than of its GEMMs: the size
@@ -797,7 +815,8 @@ def device_profile(hw: Hardware, fitted: dict, host_s=None, fixed_s=None) -> pri
          "memory_fraction": fitted.get("memory_fraction", {}),
          "memory_half_size": fitted.get("memory_half_size", {}), "streaming": fitted.get("streaming", []),
          "depthwise": fitted.get("depthwise", {}), "slow_conv": fitted.get("slow_conv", {}),
-         "depthwise_floor": fitted.get("depthwise_floor", {}), "attention": fitted.get("attention", {})}
+         "depthwise_floor": fitted.get("depthwise_floor", {}), "attention": fitted.get("attention", {}),
+         "depthwise_paths": fitted.get("depthwise_paths", {})}
     if fitted.get("conv_intensity"):
         d["conv_intensity"] = fitted["conv_intensity"]
     if fitted.get("channel_ramp"):
@@ -865,7 +884,10 @@ def _prior_seconds(rows: KernelRows, profile: prior.Profile) -> torch.Tensor:
     for law, feats, law_seconds in ((profile.depthwise, rows.depthwise,
                                      partial(prior.depthwise_law_seconds, floor=profile.depthwise_floor)),
                                     (profile.slow_conv, rows.slow_conv, prior.slow_conv_seconds),
-                                    (profile.attention, rows.attention, prior.slow_conv_seconds)):
+                                    (profile.attention, rows.attention, prior.slow_conv_seconds),
+                                    (profile.depthwise_paths,
+                                     None if rows.depthwise is None else prior.depthwise_path_terms(rows.depthwise),
+                                     prior.slow_conv_seconds)):
         if law and feats is not None:  # as prior.node_seconds prices a graph's nodes
             by_law = law_seconds(feats, rows.backward_mask(), rows.dtype, law)
             seconds = torch.where(torch.isnan(by_law), seconds, by_law)
@@ -1012,6 +1034,7 @@ def fit(samples: list, node_seconds: dict, hw: Hardware, max_rows: int | None = 
     rows = unprobed(rows, hw) if device_kw.get("depthwise_probes") else rows  # before the law is fitted
     slow = fit_slow_conv(rows, tuple(device_kw.pop("slow_conv", ())), device_kw.get("fresh"))
     attention = fit_attention(rows, hw, device_kw.get("fresh")) if device_kw.pop("attention_law", False) else {}
+    paths = fit_depthwise_paths(rows, device_kw.get("fresh")) if device_kw.pop("depthwise_paths", False) else {}
     stride, floor = device_kw.pop("depthwise_stride", False), device_kw.pop("depthwise_floor", False)
     law, floors, rows = (_depthwise_apart(rows, device_kw.get("fresh"), stride, floor)
                          if device_kw.pop("depthwise", False) else ({}, {}, rows))
@@ -1026,6 +1049,8 @@ def fit(samples: list, node_seconds: dict, hw: Hardware, max_rows: int | None = 
         fitted["slow_conv"] = slow
     if attention:
         fitted["attention"] = attention
+    if paths:
+        fitted["depthwise_paths"] = paths
     if profiler_cost:
         fitted["profiler_cost"] = True
     host, fixed, report = fit_host(samples, device_profile(hw, fitted))
@@ -1055,7 +1080,8 @@ def section_options(section: dict) -> dict:
             "depthwise_stride": any(len(c) > prior.DEPTHWISE_SHAPE.index("stride") + 1
                                     for c in section.get("depthwise", {}).values()),
             "depthwise_floor": bool(section.get("depthwise_floor")),
-            "attention_law": bool(section.get("attention"))}
+            "attention_law": bool(section.get("attention")),
+            "depthwise_paths": bool(section.get("depthwise_paths"))}
 
 
 MAX_ROWS = 80_000

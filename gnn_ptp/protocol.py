@@ -122,6 +122,10 @@ class Budget:
     """A CPU kind's prior refitted in every fold prices fused attention by a law in the costs of its kernel's
     loops (``prior_fit.fit_attention``, ``prior.Profile.attention``) on top of its section's options. False
     (default): the section's."""
+    depthwise_paths: bool = False
+    """A CPU kind's prior refitted in every fold prices depthwise convolutions by a law per kernel path
+    (``prior_fit.fit_depthwise_paths``, ``prior.Profile.depthwise_paths``) on top of its section's options.
+    False (default): the section's."""
     depthwise_stride: bool = False
     """A CPU kind's prior refitted in every fold has the stride among its depthwise law's terms
     (``prior_fit.fit_depthwise(stride=True)``) on top of its section's options, for a kind whose shipped
@@ -360,14 +364,15 @@ def prior_refit(data_dirs, log, strict: bool = False, transfer: str = "nearest",
                 mode: str = "ceilings", depthwise_law: bool = True, as_shipped: bool = False,
                 slow_conv_law: tuple[str, ...] = (), profiler_cost: bool = False,
                 depthwise_stride: bool = False, depthwise_floor: bool = False,
-                attention_law: bool = False) -> PriorRefit | None:
+                attention_law: bool = False, depthwise_paths: bool = False) -> PriorRefit | None:
     """``PriorRefit`` for the folders of ``data_dirs`` whose records have per-op profiles, GPU or CPU (None
     when there is none); with ``as_shipped`` each refitted with its shipped section's curve options; a CPU
     kind's dense convolutions of the ``slow_conv_law`` dtypes priced by the additive shape law besides
     (``Budget.slow_conv_law``), its node seconds less the profiler's cost with ``profiler_cost``
     (``Budget.profiler_cost``), the stride in its depthwise law with ``depthwise_stride``
     (``Budget.depthwise_stride``), a floor under that law with ``depthwise_floor`` (``Budget.depthwise_floor``)
-    and fused attention priced by its law with ``attention_law`` (``Budget.attention_law``)."""
+    fused attention priced by its law with ``attention_law`` (``Budget.attention_law``) and depthwise
+    convolutions by their law per path with ``depthwise_paths`` (``Budget.depthwise_paths``)."""
     from gnn_ptp import descriptor, node_labels, prior
 
     seconds, descriptors, options = {}, {}, {}
@@ -401,6 +406,9 @@ def prior_refit(data_dirs, log, strict: bool = False, transfer: str = "nearest",
         if attention_law and desc.kind == "cpu":
             options.setdefault(desc.name, {})["attention_law"] = True
             log(f"{d}: fused attention priced by the costs of its kernel's loops in every fold")
+        if depthwise_paths and desc.kind == "cpu":
+            options.setdefault(desc.name, {})["depthwise_paths"] = True
+            log(f"{d}: depthwise convolutions priced by a law per kernel path in every fold")
         seconds[desc.name] = node_labels.node_seconds(
             d, own, profiler_cost=options.get(desc.name, {}).get("profiler_cost", False))
     return (PriorRefit(seconds, descriptors=descriptors, transfer=transfer, mode=mode, depthwise_law=depthwise_law,
@@ -699,7 +707,8 @@ def run(protocol: str, data_dirs, config=None, budget: Budget = Budget(), log=No
                                                 node_labels=bool(base.node_weight), label=budget.labels)
     refit = (prior_refit(data_dirs, log, strict, budget.hardware_transfer, budget.transfer_mode, budget.depthwise_law,
                          budget.refit_as_shipped, budget.slow_conv_law, budget.profiler_cost,
-                         budget.depthwise_stride, budget.depthwise_floor, budget.attention_law)
+                         budget.depthwise_stride, budget.depthwise_floor, budget.attention_law,
+                         budget.depthwise_paths)
              if budget.refit_prior else None)
     rng = np.random.default_rng(0)
     start = time.perf_counter()

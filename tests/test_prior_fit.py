@@ -454,6 +454,56 @@ def test_attention_gets_a_sum_of_its_kernel_s_loop_costs_with_its_multiply_adds_
     assert prior_fit.section_options(section)["attention_law"] and not prior_fit.section_options({})["attention_law"]
 
 
+def test_depthwise_convolutions_can_get_a_sum_of_costs_per_kernel_path():
+    """SYNTHETIC depthwise kernels whose time is a call cost plus a multiply-add cost of their path (stride 1 or
+    2, 3x3 or 5x5 taps): ``prior.depthwise_path_terms`` puts each kernel's multiply-adds and planes in its own
+    path's columns (a stride of 3 counts as 2, 7 taps as 9), ``fit_depthwise_paths`` recovers the path costs
+    that carry the time, and a profile with the law prices depthwise kernels by it in place of the power law;
+    a GPU section never takes it."""
+    g = torch.Generator().manual_seed(11)
+    n = 600
+    backward = torch.rand(n, generator=g) < 0.5
+    batch, channels = torch.randint(1, 33, (n,), generator=g).double(), torch.randint(16, 961, (n,), generator=g).double()
+    space = torch.randint(2, 65, (n,), generator=g).double() ** 2
+    taps = torch.tensor([9.0, 25.0])[torch.randint(0, 2, (n,), generator=g)]
+    stride = torch.tensor([1.0, 2.0])[torch.randint(0, 2, (n,), generator=g)]
+    shapes = torch.stack([batch, channels, space, taps, stride], 1)
+    terms = prior.depthwise_path_terms(shapes)
+    paths = prior.DEPTHWISE_PATHS
+    macs = batch * channels * space / stride ** 2 * taps
+    for i, (st, t) in enumerate(paths):
+        on = (stride == st) & (taps == t)
+        torch.testing.assert_close(terms[:, 2 + i], torch.where(on, macs, 0.0))
+        torch.testing.assert_close(terms[:, 2 + len(paths) + i], torch.where(on, batch * channels, 0.0))
+    odd = prior.depthwise_path_terms(torch.tensor([[2.0, 8.0, 16.0, 7.0, 3.0], [float("nan")] * 5]))
+    assert odd[0, 2 + paths.index((2, 9))] == 2 * 8 * 16 / 4 * 7 and torch.isnan(odd[1]).all()
+    per_mac = {(1, 9): 0.3e-9, (1, 25): 1.0e-9, (2, 9): 5e-9, (2, 25): 6e-9}
+    law = {key: [100e-6, 0.0] + [per_mac.get(p, 0.0) for p in paths] + [0.0] * len(paths)
+           for key in ("forward:bf16", "backward:bf16")}
+    truth = prior.slow_conv_seconds(terms, backward, ["bf16"] * n, law)
+    seconds = truth * torch.exp(0.05 * torch.randn(n, generator=g, dtype=torch.float64))
+    rows = prior_fit.KernelRows(2 * macs, macs, ["bf16"] * n, torch.ones(n, dtype=torch.bool),
+                                torch.zeros(n, dtype=torch.bool), ["conv"] * n, ["synthetic"] * n, seconds,
+                                None, backward, depthwise=shapes)
+    fitted = prior_fit.fit_depthwise_paths(rows)
+    assert set(fitted) == set(law) and all(c >= 0 for v in fitted.values() for c in v)
+    for key in law:
+        for p, want in per_mac.items():
+            assert fitted[key][2 + paths.index(p)] == pytest.approx(want, rel=0.15)
+    assert prior_fit.fit_depthwise_paths(replace(rows, depthwise=None)) == {}
+    cpu = HARDWARE["cpu"]
+    power = {"backward:bf16": (0.0, 0.5, 0.5, 0.3, 0.5), "forward:bf16": (0.0, 0.5, 0.5, 0.3, 0.5)}
+    none = prior.Profile(cpu, launch_floor_s=1e-9, depthwise=power)
+    with_law = replace(none, depthwise_paths={k: tuple(v) for k, v in fitted.items()})
+    torch.testing.assert_close(prior_fit._prior_seconds(rows, with_law),
+                               prior.slow_conv_seconds(terms, backward, ["bf16"] * n, fitted).clamp_min(1e-9))
+    assert not torch.allclose(prior_fit._prior_seconds(rows, none), prior_fit._prior_seconds(rows, with_law))
+    section = {"depthwise_paths": fitted}
+    assert prior.profile_from_dict(cpu, section).depthwise_paths == {k: tuple(v) for k, v in fitted.items()}
+    assert prior.profile_from_dict(HARDWARE["h200"], section).depthwise_paths == {}
+    assert prior_fit.section_options(section)["depthwise_paths"] and not prior_fit.section_options({})["depthwise_paths"]
+
+
 def test_protocol_refits_a_gpu_prior_per_fold_on_the_training_families_only():
     """gnn_ptp/protocol.py's PriorRefit: every sample of the fold is re-priced by a prior fitted to the
     training and validation configurations; the test family's kernels and steps (SYNTHETIC, made 3x slower
@@ -523,7 +573,7 @@ def test_section_options_read_how_a_shipped_section_was_fitted():
                                                        "slow_conv": (), "depthwise_probes": False,
                                                        "step_weights": False, "profiler_cost": False,
                                                        "depthwise_stride": False, "depthwise_floor": False,
-                                                       "attention_law": False}
+                                                       "attention_law": False, "depthwise_paths": False}
     # a depthwise law of five coefficients (no stride term) is not a stride law
     assert not prior_fit.section_options({"gemm": {}, "depthwise": {"backward:bf16": [0.0] * 5}})["depthwise_stride"]
     full = {"vector_fraction": {"norm": 0.5}, "memory_fraction": {"copy:fp32": 1.0}, "channel_ramp": {"x": [1, 1]},
@@ -531,14 +581,15 @@ def test_section_options_read_how_a_shipped_section_was_fitted():
             "layout_levels": True, "slow_conv": {"forward:bf16": [0.0] * 6, "backward:bf16": [0.0] * 6},
             "depthwise_probes": True, "step_weights": True, "profiler_cost": True,
             "depthwise": {"forward:bf16": [0.0] * 5, "backward:bf16": [0.0] * 6},
-            "depthwise_floor": {"backward:bf16": 1e-9}, "attention": {"backward:bf16": [0.0] * 6}}
+            "depthwise_floor": {"backward:bf16": 1e-9}, "attention": {"backward:bf16": [0.0] * 6},
+            "depthwise_paths": {"backward:bf16": [0.0] * 14}}
     assert prior_fit.section_options(full) == {"vector_by_category": True, "memory_by_category": True,
                                                "channel_ramp": True, "conv_intensity": "gemm", "gemm_layouts": True,
                                                "layout_curves": True, "bounded_layout_curves": True,
                                                "layout_levels": True, "slow_conv": ("bf16",), "depthwise_probes": True,
                                                "step_weights": True, "profiler_cost": True,
                                                "depthwise_stride": True, "depthwise_floor": True,
-                                               "attention_law": True}
+                                               "attention_law": True, "depthwise_paths": True}
     table = prior.calibration()
     assert prior_fit.section_options(table["cpu"])["vector_by_category"]  # per-category since the 19th session
     assert prior_fit.section_options(table["cpu-amd-epyc-family-26-model-2"])["memory_by_category"]

@@ -788,6 +788,7 @@ def test_the_h200_protocol_config_is_the_shipped_h200_config_without_its_split()
                                           (["--slow-conv-law", "bf16"], "--slow-conv-law"),
                                           (["--depthwise-floor"], "--depthwise-floor"),
                                           (["--attention-law"], "--attention-law"),
+                                          (["--depthwise-paths"], "--depthwise-paths"),
                                           (["--fresh-data", "datasets/cpu"], "--fresh-data")])
 def test_protocol_options_without_protocol_are_one_clear_error(flags, named, capsys):
     """Options only a --protocol run reads are refused on a checkpoint evaluation, not silently ignored."""
@@ -922,5 +923,8 @@ def test_the_slow_conv_law_joins_a_cpu_kinds_section_options_and_not_a_gpus(monk
     assert refit.options["cpu-x"]["attention_law"] and not refit.options["h200"]["attention_law"]
     assert any("fused attention priced by the costs of its kernel's loops" in line for line in said)
     assert not plain.options["cpu-x"]["attention_law"]
+    refit = protocol.prior_refit(["cpu-dir", "gpu-dir"], said.append, as_shipped=True, depthwise_paths=True)
+    assert refit.options["cpu-x"]["depthwise_paths"] and not refit.options["h200"]["depthwise_paths"]
+    assert any("depthwise convolutions priced by a law per kernel path" in line for line in said)
     with pytest.raises(UserError, match="protocol slow_conv_law dtype 'bf61': allowed: fp32, bf16; did you mean 'bf16'"):
         protocol.Budget(slow_conv_law=("bf61",))
