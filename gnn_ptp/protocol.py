@@ -360,6 +360,15 @@ FALLBACK_SECTION = {"cpu": "microbench-cpu", "gpu": "h100-neusight"}
 which the shipped one was fitted to the steps under test and no training kind has profiles to refit."""
 
 
+CPU_REFIT_OPTIONS = {
+    "profiler_cost": "node seconds less the profiler's cost per recorded op",
+    "depthwise_stride": "the depthwise law has the stride among its terms",
+    "depthwise_floor": "the depthwise law never prices a kernel faster than its fastest fitted one,",
+    "attention_law": "fused attention priced by the costs of its kernel's loops",
+    "depthwise_paths": "depthwise convolutions priced by a law per kernel path"}
+"""What ``prior_refit`` says of each option it adds to a CPU kind's refit (``Budget``'s flags of that name)."""
+
+
 def prior_refit(data_dirs, log, strict: bool = False, transfer: str = "nearest",
                 mode: str = "ceilings", depthwise_law: bool = True, as_shipped: bool = False,
                 slow_conv_law: tuple[str, ...] = (), profiler_cost: bool = False,
@@ -394,21 +403,13 @@ def prior_refit(data_dirs, log, strict: bool = False, transfer: str = "nearest",
             options[desc.name]["slow_conv"] = tuple(sorted({*own_law, *slow_conv_law}))
             log(f"{d}: dense convolutions of {', '.join(options[desc.name]['slow_conv'])} priced by the "
                 "additive shape law in every fold")
-        if profiler_cost and desc.kind == "cpu":
-            options.setdefault(desc.name, {})["profiler_cost"] = True
-            log(f"{d}: node seconds less the profiler's cost per recorded op in every fold")
-        if depthwise_stride and desc.kind == "cpu":
-            options.setdefault(desc.name, {})["depthwise_stride"] = True
-            log(f"{d}: the depthwise law has the stride among its terms in every fold")
-        if depthwise_floor and desc.kind == "cpu":
-            options.setdefault(desc.name, {})["depthwise_floor"] = True
-            log(f"{d}: the depthwise law never prices a kernel faster than its fastest fitted one, in every fold")
-        if attention_law and desc.kind == "cpu":
-            options.setdefault(desc.name, {})["attention_law"] = True
-            log(f"{d}: fused attention priced by the costs of its kernel's loops in every fold")
-        if depthwise_paths and desc.kind == "cpu":
-            options.setdefault(desc.name, {})["depthwise_paths"] = True
-            log(f"{d}: depthwise convolutions priced by a law per kernel path in every fold")
+        asked = {"profiler_cost": profiler_cost, "depthwise_stride": depthwise_stride,
+                 "depthwise_floor": depthwise_floor, "attention_law": attention_law,
+                 "depthwise_paths": depthwise_paths}
+        for key, on in asked.items():  # each on top of the section's options, on a CPU kind only
+            if on and desc.kind == "cpu":
+                options.setdefault(desc.name, {})[key] = True
+                log(f"{d}: {CPU_REFIT_OPTIONS[key]} in every fold")
         seconds[desc.name] = node_labels.node_seconds(
             d, own, profiler_cost=options.get(desc.name, {}).get("profiler_cost", False))
     return (PriorRefit(seconds, descriptors=descriptors, transfer=transfer, mode=mode, depthwise_law=depthwise_law,
