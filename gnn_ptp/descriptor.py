@@ -280,14 +280,12 @@ def transfer(profile, source: "Descriptor", target: "Descriptor", mode: str | No
     elif moved_from is not None:
         raise UserError(f"a prior moved by splitting its kernels' time cannot move on from {source.name!r} "
                         f"to {target.name!r} by the {'step probes' if mode == 'split' else mode}")
-    depthwise, floor, attention = profile.depthwise, profile.depthwise_floor, profile.attention
+    depthwise, floor = profile.depthwise, profile.depthwise_floor
+    attention, paths = profile.attention, profile.depthwise_paths
     if moved_from is None:  # a law is in seconds, not a fraction of a peak: it moves by the rest's ratio
         factor = 1.0 / math.sqrt(ratio["vector"] * ratio["memory"])
         depthwise, floor = prior.scaled_depthwise(depthwise, factor), prior.scaled_depthwise_floor(floor, factor)
-        attention = {k: tuple(c * factor for c in v) for k, v in attention.items()}
-        paths = {k: tuple(c * factor for c in v) for k, v in profile.depthwise_paths.items()}
-    else:
-        paths = profile.depthwise_paths
+        attention, paths = prior.scaled_additive(attention, factor), prior.scaled_additive(paths, factor)
     return replace(profile, hardware=moved, moved_from=moved_from, depthwise=depthwise, depthwise_floor=floor,
                    attention=attention, depthwise_paths=paths,
                    launch_floor_s=profile.launch_floor_s * host,

@@ -935,6 +935,12 @@ def scaled_depthwise(law: dict[str, tuple[float, ...]], factor: float) -> dict[s
     return {k: (c[0] + math.log(factor), *c[1:]) for k, c in law.items()}
 
 
+def scaled_additive(law: dict[str, tuple[float, ...]], factor: float) -> dict[str, tuple[float, ...]]:
+    """An additive law (``Profile.attention``, ``Profile.depthwise_paths``: seconds per unit of each cost) whose
+    times are ``factor`` times as long."""
+    return {k: tuple(c * factor for c in v) for k, v in law.items()}
+
+
 def scaled_depthwise_floor(floor: dict[str, float], factor: float) -> dict[str, float]:
     """A depthwise law's floor (``Profile.depthwise_floor``) for times ``factor`` times as long."""
     return {k: v * factor for k, v in floor.items()}

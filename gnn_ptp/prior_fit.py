@@ -485,12 +485,11 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
     convolutions also gets a law per kernel path (``fit_depthwise_paths``, ``prior.Profile.depthwise_paths``),
     which prices them in place of the power law."""
     slow = fit_slow_conv(rows, tuple(slow_conv), fresh)
-    law_fresh = None if bool(fresh) and fresh.get("s_per_byte") is None else fresh
-    attention = fit_attention(rows, hw, law_fresh) if attention_law else {}
-    paths = fit_depthwise_paths(unprobed(rows, hw) if depthwise_probes else rows, law_fresh) if depthwise_paths else {}
     fit_fresh = bool(fresh) and fresh.get("s_per_byte") is None
     probed = depthwise_probes and bool(hw.depthwise_probe_s)
     rows = unprobed(rows, hw) if probed else rows
+    attention = fit_attention(rows, hw, None if fit_fresh else fresh) if attention_law else {}
+    paths = fit_depthwise_paths(rows, None if fit_fresh else fresh) if depthwise_paths else {}
     law, floors, rows = (_depthwise_apart(rows, None if fit_fresh else fresh, depthwise_stride, depthwise_floor)
                          if depthwise else ({}, {}, rows))
     if streaming is None:
@@ -881,13 +880,13 @@ def _prior_seconds(rows: KernelRows, profile: prior.Profile) -> torch.Tensor:
     seconds = torch.maximum(compute, memory)
     if profile.channel_ramp and rows.bn_channels is not None:
         seconds = seconds * prior.channel_ramp_factor(rows.bn_channels, rows.backward_mask(), profile.channel_ramp)
+    path_terms = (prior.depthwise_path_terms(rows.depthwise)  # only where a law reads them
+                  if profile.depthwise_paths and rows.depthwise is not None else None)
     for law, feats, law_seconds in ((profile.depthwise, rows.depthwise,
                                      partial(prior.depthwise_law_seconds, floor=profile.depthwise_floor)),
                                     (profile.slow_conv, rows.slow_conv, prior.slow_conv_seconds),
                                     (profile.attention, rows.attention, prior.slow_conv_seconds),
-                                    (profile.depthwise_paths,
-                                     None if rows.depthwise is None else prior.depthwise_path_terms(rows.depthwise),
-                                     prior.slow_conv_seconds)):
+                                    (profile.depthwise_paths, path_terms, prior.slow_conv_seconds)):
         if law and feats is not None:  # as prior.node_seconds prices a graph's nodes
             by_law = law_seconds(feats, rows.backward_mask(), rows.dtype, law)
             seconds = torch.where(torch.isnan(by_law), seconds, by_law)

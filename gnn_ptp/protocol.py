@@ -379,7 +379,7 @@ def prior_refit(data_dirs, log, strict: bool = False, transfer: str = "nearest",
     kind's dense convolutions of the ``slow_conv_law`` dtypes priced by the additive shape law besides
     (``Budget.slow_conv_law``), its node seconds less the profiler's cost with ``profiler_cost``
     (``Budget.profiler_cost``), the stride in its depthwise law with ``depthwise_stride``
-    (``Budget.depthwise_stride``), a floor under that law with ``depthwise_floor`` (``Budget.depthwise_floor``)
+    (``Budget.depthwise_stride``), a floor under that law with ``depthwise_floor`` (``Budget.depthwise_floor``),
     fused attention priced by its law with ``attention_law`` (``Budget.attention_law``) and depthwise
     convolutions by their law per path with ``depthwise_paths`` (``Budget.depthwise_paths``)."""
     from gnn_ptp import descriptor, node_labels, prior
