@@ -52,10 +52,13 @@ def main(argv=None) -> int:
     ap.add_argument("--checkpoint", default="checkpoints/cpu")
     ap.add_argument("--data", default="datasets/cpu", help="the checkpoint's training folder")
     ap.add_argument("--fresh", required=True, help="the folder of configurations measured apart")
+    ap.add_argument("--seen", action="append", metavar="DIR",
+                    help="(repeatable) a folder of configurations already seen (an earlier fresh set a form was "
+                         "chosen on): a --fresh configuration also there is left out")
     args = ap.parse_args(argv)
 
     from gnn_ptp import checkpoint, metrics
-    from gnn_ptp.protocol import step_flops
+    from gnn_ptp.protocol import seen_keys, step_flops
     from gnn_ptp.train import predict_samples
 
     log = lambda msg: print(msg, file=sys.stderr)  # noqa: E731
@@ -65,10 +68,12 @@ def main(argv=None) -> int:
     trained = _samples(args.data, meta, model, label, log)
     tops = training_maxima(meta, trained)
     held = {s.key for s in trained}
+    seen = seen_keys(args.seen or ())
     every = _samples(args.fresh, meta, model, label, log)
-    fresh = [s for s in every if s.key not in held]  # one in the training folder is not fresh
+    fresh = [s for s in every if s.key not in held and s.key not in seen]  # one trained on or seen is not fresh
     if not fresh:
-        raise SystemExit(f"--fresh {args.fresh}: every configuration is also in --data {args.data}; nothing fresh")
+        raise SystemExit(f"--fresh {args.fresh}: every configuration is also in --data {args.data} or --seen; "
+                         "nothing fresh")
     faded = copy.deepcopy(model)
     for member, top in zip(list(getattr(faded, "members", None) or [faded]), tops):
         member.beyond_scale, member.train_max_flops = 0.0, top
@@ -85,8 +90,8 @@ def main(argv=None) -> int:
               f"beyond every model's range (> {max(tops):.3g})": flops > max(tops),
               f"2x beyond or more (>= {2 * max(tops):.3g})": flops >= 2 * max(tops)}
     print(f"{args.checkpoint} on {args.fresh}: {len(fresh)} configurations, {flops.min():.3g}-{flops.max():.3g} FLOPs, "
-          f"{true.min():.0f}-{true.max():.0f} ms ({label} labels; {len(every) - len(fresh)} also in {args.data}, left "
-          "out); its models' largest training steps "
+          f"{true.min():.0f}-{true.max():.0f} ms ({label} labels; {len(every) - len(fresh)} also in {args.data}"
+          + (" or " + ", ".join(args.seen) if args.seen else "") + ", left out); its models' largest training steps "
           + ", ".join(f"{t:.3g}" for t in tops) + " FLOPs")
     names = list(groups)
     print(f"{'MAPE %':<28}" + "".join(f"{n.split(' (')[0]:>30}" for n in names))

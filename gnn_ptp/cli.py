@@ -311,7 +311,7 @@ PROTOCOL_ONLY = {"config": None, "epochs": None, "patience": None, "families": N
                  "jobs": 1, "hardware_folds": "all", "hardware_test": None, "hardware_transfer": "nearest",
                  "transfer_mode": "split", "no_depthwise_law": False, "refit_per_category": False, "slow_conv_law": None,
                  "labels": None, "profiler_cost": False, "depthwise_stride": False, "fresh_data": None,
-                 "depthwise_floor": False, "attention_law": False, "depthwise_paths": False}
+                 "depthwise_floor": False, "attention_law": False, "depthwise_paths": False, "seen_data": None}
 """``evaluate``'s options that only a --protocol run reads, with their defaults."""
 
 
@@ -404,6 +404,9 @@ def add_evaluate_parser(sub) -> None:
                    help="size: a folder of new configurations (of a kind --data trains on, none of them in it) "
                         "that every fold's models also price where they have >= 4x the fold's largest training "
                         "step, scored apart; the figures on --data's own test steps do not move")
+    g.add_argument("--seen-data", metavar="DIR", action="append",
+                   help="with --fresh-data (repeatable): a folder of configurations already seen (an earlier fresh "
+                        "set a form was chosen on); a --fresh-data configuration also there is left out, said so")
     g.add_argument("--bootstrap", type=_positive_int, default=PROTOCOL_ONLY["bootstrap"],
                    help="bootstrap resamples (default 2000)")
     g.add_argument("--shipped-prior", action="store_true",
@@ -459,6 +462,10 @@ def run_protocol(args) -> int:
         _check_input_dir(d, "--data")
     if args.fresh_data is not None:
         _check_input_dir(args.fresh_data, "--fresh-data")
+    if args.seen_data and args.fresh_data is None:
+        raise UserError("--seen-data: only with --fresh-data (it leaves configurations out of the fresh set)")
+    for d in args.seen_data or ():
+        _check_input_dir(d, "--seen-data")
     families = tuple(f.strip() for f in args.families.split(",") if f.strip()) if args.families else None
     budget = Budget(epochs=args.epochs, patience=args.patience, families=families,
                     seeds=_int_list(args.seeds, "--seeds"),
@@ -471,7 +478,8 @@ def run_protocol(args) -> int:
                     depthwise_floor=args.depthwise_floor, attention_law=args.attention_law,
                     depthwise_paths=args.depthwise_paths,
                     slow_conv_law=tuple(d.strip() for d in (args.slow_conv_law or "").split(",") if d.strip()))
-    result = run(args.protocol, args.data, args.config, budget, strict=args.strict, fresh_dir=args.fresh_data)
+    result = run(args.protocol, args.data, args.config, budget, strict=args.strict, fresh_dir=args.fresh_data,
+                 seen_dirs=tuple(args.seen_data or ()))
     print(json.dumps(result, indent=2) if args.json else format_result(result))
     return 0
 

@@ -677,9 +677,10 @@ def _predictors(budget: Budget) -> list[str]:
 
 
 def run(protocol: str, data_dirs, config=None, budget: Budget = Budget(), log=None, strict: bool = False,
-        loaded=None, fresh_dir=None) -> dict:
+        loaded=None, fresh_dir=None, seen_dirs=()) -> dict:
     """Run one protocol; ``config`` is a training config path or ``TrainConfig`` (default: defaults).
-    ``fresh_dir`` (size only): a folder of new configurations each fold's models also price (``load_fresh``)."""
+    ``fresh_dir`` (size only): a folder of new configurations each fold's models also price (``load_fresh``),
+    less those also in ``seen_dirs`` (folders of configurations already seen)."""
     from gnn_ptp.train import TrainConfig, load_train_config
 
     if protocol not in PROTOCOLS:
@@ -716,7 +717,7 @@ def run(protocol: str, data_dirs, config=None, budget: Budget = Budget(), log=No
     if protocol == "lofo":
         result = _lofo(base, budget, measured, samples, repeats, rng, log, refit)
     elif protocol == "size":
-        fresh = (load_fresh(fresh_dir, samples, base.model.precision_aware, log, strict, budget.labels)
+        fresh = (load_fresh(fresh_dir, samples, base.model.precision_aware, log, strict, budget.labels, seen_dirs)
                  if fresh_dir is not None else None)
         result = _size(base, budget, measured, samples, repeats, rng, log, refit, fresh)
     else:
@@ -919,11 +920,21 @@ def fresh_tests(fresh: list, top: float) -> list:
     return [s for s in fresh if step_flops(s) >= SIZE_FACTOR * top]
 
 
-def load_fresh(fresh_dir, samples: list, precision_aware: bool, log, strict: bool, label: str) -> dict:
+def seen_keys(seen_dirs) -> set[str]:
+    """The configuration keys of every record (any status) in ``seen_dirs`` (``--seen-data``), read from the
+    records alone (nothing traced)."""
+    from gnn_ptp.records import load_records
+
+    return {r["key"] for d in seen_dirs for r in load_records(d, status=None) if isinstance(r.get("key"), str)}
+
+
+def load_fresh(fresh_dir, samples: list, precision_aware: bool, log, strict: bool, label: str,
+               seen_dirs=()) -> dict:
     """``--fresh-data``: the configurations of a folder measured apart, priced by every size fold's models and
     scored apart from the folds' own test steps. A configuration also in ``--data`` is not fresh: left out, said
-    so (and listed in the result); refused in one line when its kind is not among the trained kinds or when
-    nothing new is left."""
+    so (and listed in the result); so is one also in a ``seen_dirs`` folder (``--seen-data``: an earlier fresh
+    set, whose steps chose forms; listed apart). Refused in one line when its kind is not among the trained
+    kinds or when nothing new is left."""
     measured, fresh, repeats = load([fresh_dir], precision_aware, log, strict, label=label)
     kinds = sorted({s.hardware_name for s in samples})
     theirs = sorted({s.hardware_name for s in fresh})
@@ -932,14 +943,21 @@ def load_fresh(fresh_dir, samples: list, precision_aware: bool, log, strict: boo
                         f"trains on ({', '.join(kinds)}); fresh steps must be of a kind the folds train on")
     held = {repeat_key(s) for s in samples}
     both = [s for s in fresh if repeat_key(s) in held]
-    if len(both) == len(fresh):
-        raise UserError(f"--fresh-data {fresh_dir}: all {len(fresh)} of its configurations are also in --data; "
-                        "fresh steps must be new configurations")
-    if both:
-        (log or print)(f"--fresh-data {fresh_dir}: {len(both)} of its {len(fresh)} configurations are also in --data "
-                       f"({', '.join(sorted({s.family for s in both}))}): not fresh, left out")
-    return {"dir": str(fresh_dir), "samples": [s for s in fresh if repeat_key(s) not in held], "repeats": repeats,
-            "left_out": sorted(s.key for s in both)}
+    seen = seen_keys(seen_dirs)
+    elsewhere = [s for s in fresh if repeat_key(s) not in held and s.key in seen]
+    if len(both) + len(elsewhere) == len(fresh):
+        raise UserError(f"--fresh-data {fresh_dir}: all {len(fresh)} of its configurations are also in --data"
+                        + (" or --seen-data" if seen_dirs else "") + "; fresh steps must be new configurations")
+    for part, where in ((both, "--data"), (elsewhere, "--seen-data")):
+        if part:
+            (log or print)(f"--fresh-data {fresh_dir}: {len(part)} of its {len(fresh)} configurations are also in "
+                           f"{where} ({', '.join(sorted({s.family for s in part}))}): not fresh, left out")
+    out = {s.key for s in both + elsewhere}
+    result = {"dir": str(fresh_dir), "samples": [s for s in fresh if s.key not in out], "repeats": repeats,
+              "left_out": sorted(s.key for s in both)}
+    if seen_dirs:
+        result.update(seen_data=[str(d) for d in seen_dirs], left_out_as_seen=sorted(s.key for s in elsewhere))
+    return result
 
 
 def _fresh_scores(folds: list, budget: Budget, fresh: dict, rng) -> dict:
@@ -957,7 +975,8 @@ def _fresh_scores(folds: list, budget: Budget, fresh: dict, rng) -> dict:
     scores = _one_group_scores(errors, parts, budget, rng, "fresh")
     keys = sorted({repeat_key(s) for s in fresh["samples"]})
     return {"data": fresh["dir"], "predictors": scores, "n_configurations": len(fresh["samples"]),
-            "left_out_in_data": fresh["left_out"], "noise_floor": noise_floor(keys, fresh["repeats"], budget.labels)}
+            "left_out_in_data": fresh["left_out"], "noise_floor": noise_floor(keys, fresh["repeats"], budget.labels),
+            **{k: fresh[k] for k in ("seen_data", "left_out_as_seen") if k in fresh}}
 
 
 def _check_kinds(data_dirs, strict: bool) -> None:

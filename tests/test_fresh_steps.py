@@ -86,6 +86,37 @@ def test_configurations_also_in_the_data_are_not_fresh_and_left_out_said_so(fold
     assert any("2 of its" in m and "are also in --data" in m and "not fresh, left out" in m for m in said)
 
 
+def test_configurations_in_a_seen_folder_are_left_out_apart_and_said_so(folders, tmp_path, monkeypatch, capsys):
+    """``--seen-data``: a fresh configuration also measured in an earlier fresh set (one forms were chosen on) is
+    left out of the fresh scores as one in --data is, and listed apart."""
+    from gnn_ptp import cli
+
+    data, fresh = folders
+    monkeypatch.setattr(protocol, "SIZE_FACTOR", 1.5)
+    lines = (fresh / "synthetic.jsonl").read_text().splitlines()
+    seen = tmp_path / "seen"
+    seen.mkdir()
+    (seen / "synthetic.jsonl").write_text("\n".join(lines[:3]) + "\n")  # an earlier set holding three of them
+    rest = tmp_path / "rest"
+    rest.mkdir()
+    (rest / "synthetic.jsonl").write_text("\n".join(lines[3:]) + "\n")
+    said = []
+    r = protocol.run("size", data, RESIDUAL, BUDGET, log=said.append, fresh_dir=fresh, seen_dirs=(seen,))
+    alone = protocol.run("size", data, RESIDUAL, BUDGET, log=lambda _: None, fresh_dir=rest)
+    keys = sorted(json.loads(x)["key"] for x in lines[:3])
+    assert r["fresh"]["left_out_as_seen"] == keys and r["fresh"]["left_out_in_data"] == []
+    assert r["fresh"]["seen_data"] == [str(seen)]
+    assert r["fresh"]["n_configurations"] == alone["fresh"]["n_configurations"] == len(lines) - 3
+    assert r["fresh"]["predictors"] == alone["fresh"]["predictors"]  # as if the three were never there
+    assert any("3 of its" in m and "are also in --seen-data" in m and "not fresh, left out" in m for m in said)
+    with pytest.raises(UserError, match="all .* configurations are also in --data or --seen-data"):
+        protocol.run("size", data, RESIDUAL, BUDGET, log=lambda _: None, fresh_dir=seen, seen_dirs=(fresh,))
+    code = cli.main(["evaluate", "--protocol", "size", "--data", str(data), "--seen-data", str(seen)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err == ("gnn-ptp evaluate: error: --seen-data: only with --fresh-data (it leaves "
+                                 "configurations out of the fresh set)")
+
+
 def test_fresh_steps_that_are_not_new_or_not_a_size_run_are_refused_in_one_line(folders, monkeypatch):
     data, fresh = folders
     monkeypatch.setattr(protocol, "SIZE_FACTOR", 1.5)

@@ -719,7 +719,7 @@ def test_cli_protocol_json_and_the_one_kind_refusal(synthetic_dir, capsys, monke
     # --shipped-prior reaches the budget (and with it no prior is refitted, whatever the data)
     seen = {}
 
-    def run(name, data, config, budget, strict=False, fresh_dir=None):
+    def run(name, data, config, budget, strict=False, fresh_dir=None, seen_dirs=()):
         seen["b"] = budget
         return {}
 
