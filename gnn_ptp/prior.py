@@ -270,7 +270,10 @@ class Profile:
     and per plane. On the first CPU kind a large depthwise backward runs at a cost per multiply-add its path
     fixes (bf16 stride 1 3x3 ~0.24 ns, 5x5 ~0.9, stride 2 4-6 ns), where the power law's space exponent
     (0.12-0.38) priced 1e7-size kernels at 0.25-0.5x their time (README *Protocol*, "Depthwise convolutions by
-    their kernel's path"). Other nodes, and a (direction, dtype) without a law, are priced as without it."""
+    their kernel's path"). Other nodes, and a (direction, dtype) without a law, are priced as without it. A
+    path no fitted kernel of its (direction, dtype) ran has no costs (None in the section, NaN here: a fit with
+    ``prior_fit.fit_depthwise_paths`` since the forty-seventh session): a node on it is priced as without the
+    law (``slow_conv_seconds``), not by the call and plane costs alone."""
 
     @property
     def serial(self) -> bool:
@@ -574,8 +577,13 @@ def profile_from_dict(hw: Hardware, d: dict) -> Profile:
                    depthwise_floor=borrowed_depthwise_floor(hw, d),
                    attention=({k: tuple(float(v) for v in c) for k, c in d.get("attention", {}).items()}
                               if hw.kind == "cpu" else {}),
-                   depthwise_paths=({k: tuple(float(v) for v in c) for k, c in d.get("depthwise_paths", {}).items()}
+                   depthwise_paths=({k: law_coefficients(c) for k, c in d.get("depthwise_paths", {}).items()}
                                     if hw.kind == "cpu" else {}))
+
+
+def law_coefficients(c) -> tuple[float, ...]:
+    """An additive law's coefficients from a section: None (a cost no fitted kernel had) as NaN."""
+    return tuple(float("nan") if v is None else float(v) for v in c)
 
 
 def with_gpu_probes(hw: Hardware, fitted_on: str) -> Hardware:
@@ -796,10 +804,12 @@ def slow_conv_seconds(terms: torch.Tensor, backward: torch.Tensor, dtypes: list[
                       law: dict[str, tuple[float, ...]]) -> torch.Tensor:
     """Per node (float64 [N]) its time by an additive law (``Profile.slow_conv``, ``Profile.attention``) from
     its costs (``slow_conv_terms``, ``attention_terms``), NaN where it has none or its (direction, dtype) no
-    law."""
+    law. A NaN coefficient (a cost the law has no figure for: ``Profile.depthwise_paths``' unfitted paths) makes
+    NaN only the nodes that incur that cost (a cost of 0 counts nothing, whatever its coefficient)."""
     out = torch.full((terms.shape[0],), float("nan"), dtype=torch.float64)
     for rows, c in _law_rows(law, ~torch.isnan(terms[:, 0]), backward, dtypes):
-        out[rows] = terms[rows] @ torch.tensor(c, dtype=torch.float64)
+        t = terms[rows]
+        out[rows] = torch.where(t == 0, 0.0, t * torch.tensor(c, dtype=torch.float64)).sum(1)
     return out
 
 

@@ -735,12 +735,16 @@ def fit_depthwise_paths(rows: KernelRows, fresh: dict | None = None) -> dict:
     ``MIN_GROUP_ROWS`` depthwise-like convolutions in ``rows`` (their shapes: ``KernelRows.depthwise``): the
     time as a non-negative sum of the costs of ``prior.depthwise_path_terms``, each column scaled to unit norm
     (``_additive_law(unit_free=True)``). {} where there are none. Declared before it was scored (README
-    *Protocol*, "Depthwise convolutions by their kernel's path")."""
+    *Protocol*, "Depthwise convolutions by their kernel's path"). A path none of a (direction, dtype)'s rows
+    runs gets None for its two costs (forty-seventh session): the fit knows nothing of it, and 0 would price
+    its kernels by the call and plane costs alone (the random CNNs' 7x7 stride-2 backward at ~0.45x its time
+    where they are left out of the fit); ``prior.slow_conv_seconds`` then leaves such a node to the power law."""
     if rows.depthwise is None:
         return {}
     terms = prior.depthwise_path_terms(rows.depthwise)
     has = ~torch.isnan(terms[:, 0])
-    return _additive_law(rows, terms, tuple(sorted(set(np.array(rows.dtype)[has.numpy()]))), fresh, unit_free=True)
+    return _additive_law(rows, terms, tuple(sorted(set(np.array(rows.dtype)[has.numpy()]))), fresh, unit_free=True,
+                         unfitted=None)
 
 
 ATTENTION_MIN_ROWS = 2 * len(prior.ATTENTION_TERMS)
@@ -750,13 +754,16 @@ protocol's smaller half on the first CPU kind has 24 fp32 ones a direction."""
 
 
 def _additive_law(rows: KernelRows, terms: torch.Tensor, dtypes: tuple[str, ...], fresh: dict | None,
-                  min_rows: int = MIN_GROUP_ROWS, unit_free: bool = False, fixed: dict | None = None) -> dict:
+                  min_rows: int = MIN_GROUP_ROWS, unit_free: bool = False, fixed: dict | None = None,
+                  unfitted: float | None = 0.0) -> dict:
     """``fit_slow_conv``'s fit of the costs ``terms`` (NaN rows: not priced by the law) per direction and dtype
     of ``dtypes`` with at least ``min_rows`` rows. With ``unit_free`` each cost's column is scaled to unit
     norm before the fit (and its coefficient back after), so that where the rows cannot tell two costs apart
     (both grow alike over them) the least-norm answer splits the time between them whatever their units,
     rather than giving it to the one counted in the larger numbers. ``fixed``: {(term index, dtype): seconds
-    per unit} of terms not fitted (their time is counted, the others fitted to the rest)."""
+    per unit} of terms not fitted (their time is counted, the others fitted to the rest). ``unfitted``: the
+    coefficient of a cost no row of the (direction, dtype) has (0 by default; None: unknown, see
+    ``fit_depthwise_paths``)."""
     has = ~torch.isnan(terms[:, 0])
     target = _law_target(rows, fresh)
     backward = rows.backward_mask()
@@ -779,7 +786,9 @@ def _additive_law(rows: KernelRows, terms: torch.Tensor, dtypes: tuple[str, ...]
             coef[free] = _nnls(design[:, free] / norm, target_w) / norm
             for i, c in held.items():
                 coef[i] = c
-            law[prior.depthwise_key(b, d)] = [float(c) for c in coef]
+            absent = ~(design != 0).any(axis=0)
+            law[prior.depthwise_key(b, d)] = [unfitted if absent[i] and i not in held else float(c)
+                                              for i, c in enumerate(coef)]
     return law
 
 

@@ -6,6 +6,7 @@ costs chosen below), so the fit must recover what made them."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from dataclasses import replace
 
@@ -486,20 +487,39 @@ def test_depthwise_convolutions_can_get_a_sum_of_costs_per_kernel_path():
                                 torch.zeros(n, dtype=torch.bool), ["conv"] * n, ["synthetic"] * n, seconds,
                                 None, backward, depthwise=shapes)
     fitted = prior_fit.fit_depthwise_paths(rows)
-    assert set(fitted) == set(law) and all(c >= 0 for v in fitted.values() for c in v)
+    seven = [i for i, p in enumerate(paths) if p[1] == 49]  # no kernel ran a 7x7 path: the fit has no costs for it
+    assert set(fitted) == set(law)
     for key in law:
         for p, want in per_mac.items():
             assert fitted[key][2 + paths.index(p)] == pytest.approx(want, rel=0.15)
+        for i, c in enumerate(fitted[key]):
+            unfitted = i - 2 in seven or i - 2 - len(paths) in seven
+            assert (c is None) if unfitted else (c >= 0), (key, i, c)
     assert prior_fit.fit_depthwise_paths(replace(rows, depthwise=None)) == {}
     cpu = HARDWARE["cpu"]
     power = {"backward:bf16": (0.0, 0.5, 0.5, 0.3, 0.5), "forward:bf16": (0.0, 0.5, 0.5, 0.3, 0.5)}
     none = prior.Profile(cpu, launch_floor_s=1e-9, depthwise=power)
-    with_law = replace(none, depthwise_paths={k: tuple(v) for k, v in fitted.items()})
+    coefficients = {k: prior.law_coefficients(v) for k, v in fitted.items()}
+    with_law = replace(none, depthwise_paths=coefficients)
     torch.testing.assert_close(prior_fit._prior_seconds(rows, with_law),
-                               prior.slow_conv_seconds(terms, backward, ["bf16"] * n, fitted).clamp_min(1e-9))
+                               prior.slow_conv_seconds(terms, backward, ["bf16"] * n, coefficients).clamp_min(1e-9))
     assert not torch.allclose(prior_fit._prior_seconds(rows, none), prior_fit._prior_seconds(rows, with_law))
+    # a 7x7 kernel (a path the law knows nothing of) is left to the power law; a 3x3 one beside it is not
+    new = torch.tensor([[4.0, 64.0, 1024.0, 49.0, 2.0], [4.0, 64.0, 1024.0, 9.0, 2.0]], dtype=torch.float64)
+    one = torch.ones(2, dtype=torch.float64)
+    unseen = prior_fit.KernelRows(2 * one, one, ["bf16"] * 2, torch.ones(2, dtype=torch.bool),
+                                  torch.zeros(2, dtype=torch.bool), ["conv"] * 2, ["synthetic"] * 2,
+                                  one, None, torch.ones(2, dtype=torch.bool), depthwise=new)
+    by_law = prior.slow_conv_seconds(prior.depthwise_path_terms(new), torch.ones(2, dtype=torch.bool),
+                                     ["bf16"] * 2, coefficients)
+    assert torch.isnan(by_law[0]) and by_law[1] > 0
+    priced, power_only = prior_fit._prior_seconds(unseen, with_law), prior_fit._prior_seconds(unseen, none)
+    assert priced[0] == pytest.approx(float(power_only[0])) and priced[1] == pytest.approx(float(by_law[1]))
     section = {"depthwise_paths": fitted}
-    assert prior.profile_from_dict(cpu, section).depthwise_paths == {k: tuple(v) for k, v in fitted.items()}
+    read = prior.profile_from_dict(cpu, section).depthwise_paths
+    assert set(read) == set(fitted) and all(
+        (math.isnan(a) and b is None) or a == b for k in read for a, b in zip(read[k], fitted[k]))
+    assert json.loads(json.dumps(section)) == section  # None is JSON's null: the section file stays plain JSON
     assert prior.profile_from_dict(HARDWARE["h200"], section).depthwise_paths == {}
     assert prior_fit.section_options(section)["depthwise_paths"] and not prior_fit.section_options({})["depthwise_paths"]
 
