@@ -733,24 +733,22 @@ def _kernel_seconds(x: torch.Tensor, x_cat: torch.Tensor, profile: Profile,
     if profile.channel_ramp:
         seconds = seconds * channel_ramp_factor(batch_norm_channels(x, x_cat), x_cat[:, 3] == BACKWARD_PHASE,
                                                 profile.channel_ramp)
-    for law, features, law_seconds in ((profile.depthwise, depthwise_shapes,
+    shapes = depthwise_shapes(x, x_cat) if profile.depthwise or profile.depthwise_paths else None  # both laws read it
+    for law, features, law_seconds in ((profile.depthwise, lambda: shapes,
                                         partial(depthwise_law_seconds, floor=profile.depthwise_floor)),
-                                       (profile.slow_conv, slow_conv_terms, slow_conv_seconds),
-                                       (profile.attention, attention_terms, slow_conv_seconds),
-                                       (profile.depthwise_paths, _depthwise_path_features, slow_conv_seconds)):
+                                       (profile.slow_conv, lambda: slow_conv_terms(x, x_cat), slow_conv_seconds),
+                                       (profile.attention, lambda: attention_terms(x, x_cat), slow_conv_seconds),
+                                       (profile.depthwise_paths, lambda: depthwise_path_terms(shapes),
+                                        slow_conv_seconds)):
         if not law:
             continue
-        feats = features(x, x_cat)
+        feats = features()
         has = ~torch.isnan(feats[:, 0])
         if bool(has.any()):  # the dtype names of those nodes only: this runs on every priced graph
             by_law = law_seconds(feats[has], x_cat[has, 3] == BACKWARD_PHASE,
                                  [ops.DTYPES[d] for d in dtype[has].tolist()], law)
             seconds[has] = torch.where(torch.isnan(by_law), seconds[has], by_law)
     return seconds, ideal_s
-
-
-def _depthwise_path_features(x: torch.Tensor, x_cat: torch.Tensor) -> torch.Tensor:
-    return depthwise_path_terms(depthwise_shapes(x, x_cat))
 
 
 SLOW_CONV_CACHE_BYTES = 32 * 1024
