@@ -62,13 +62,13 @@ def main(argv=None) -> int:
     from gnn_ptp.train import predict_samples
 
     log = lambda msg: print(msg, file=sys.stderr)  # noqa: E731
+    seen = seen_keys(args.seen or ())  # a wrong --seen folder: one line (run_script), before any work
     model, meta = checkpoint.load(args.checkpoint)
     label = checkpoint.trained_labels(meta)
     members = list(getattr(model, "members", None) or [model])
     trained = _samples(args.data, meta, model, label, log)
     tops = training_maxima(meta, trained)
     held = {s.key for s in trained}
-    seen = seen_keys(args.seen or ())
     every = _samples(args.fresh, meta, model, label, log)
     fresh = [s for s in every if s.key not in held and s.key not in seen]  # one trained on or seen is not fresh
     if not fresh:
@@ -111,4 +111,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from gnn_ptp.errors import run_script
+
+    run_script(main)
