@@ -144,7 +144,8 @@ def _members(meta: dict, path) -> list[dict]:
 
 def load(path: str | Path):
     """Return ``(model, meta)``; the model is in eval mode."""
-    from gnn_ptp.graph import FEATURE_VERSION
+    from gnn_ptp.dataset import trace_target
+    from gnn_ptp.graph import feature_version
     from gnn_ptp.model import ModelConfig, SeedEnsemble, StepTimeGNN
 
     path = Path(path)
@@ -158,9 +159,10 @@ def load(path: str | Path):
     if not isinstance(meta, dict) or not isinstance(meta.get("model"), dict) or "hardware" not in meta:
         raise UserError(f"checkpoint {path}: meta.json lacks the 'model' and 'hardware' fields gnn-ptp "
                         "writes; it is not a gnn-ptp checkpoint or it is damaged")
-    if meta.get("feature_version") != FEATURE_VERSION:
+    builds = feature_version(meta.get("trace_target") or trace_target(str(meta["hardware"])))
+    if meta.get("feature_version") != builds:
         raise UserError(f"checkpoint {path} was trained on graph features v{meta.get('feature_version')}, "
-                        f"this gnn-ptp builds v{FEATURE_VERSION}: retrain it with `gnn-ptp train`")
+                        f"this gnn-ptp builds v{builds} for its hardware: retrain it with `gnn-ptp train`")
     members = _members(meta, path)
     try:
         model = (SeedEnsemble([StepTimeGNN(ModelConfig(**meta["model"])) for _ in members]) if members

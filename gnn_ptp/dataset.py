@@ -169,7 +169,7 @@ def version_notes(measured: list[Measured]) -> list[str]:
 def _cache_path(data_dir: Path, target: str, precision_aware: bool) -> Path:
     import transformers
 
-    versions = (f"f{graph_mod.FEATURE_VERSION}-l{graph_mod.LAYOUT_VERSION}-torch{torch.__version__.split('+')[0]}"
+    versions = (f"f{graph_mod.feature_version(target)}-l{graph_mod.LAYOUT_VERSION}-torch{torch.__version__.split('+')[0]}"
                 f"-tf{transformers.__version__}")
     if target == "cuda":  # CUDA graphs also follow the kernel choices of cuda_dispatch
         from gnn_ptp.cuda_dispatch import DISPATCH_VERSION

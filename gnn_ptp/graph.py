@@ -36,6 +36,21 @@ FEATURE_VERSION = "4"  # 2: causal attention backward and grouped-conv backward 
 # 3: float16 softmax with a float32 result is one kernel, as on CUDA
 # 4: CPU targets trace the single-tensor optimizer torch.optim runs on CPUs (step counters included);
 #    GradScaler's per-device copies; .backward() instead of autograd.grad
+CPU_FEATURE_REVISION = "1"
+"""Revision of what only CPU-target graphs record, on top of FEATURE_VERSION (``feature_version``). 1: the CPU
+flash-attention backward (``_scaled_dot_product_flash_attention_for_cpu_backward``) is read causal where its
+schema has ``is_causal`` (argument 7; it was looked for at the CUDA kernels' 11, so a causal CPU backward was
+counted at twice its FLOPs, unlike its forward and unlike every CUDA kernel)."""
+
+
+def feature_version(target: str) -> str:
+    """The version of the features a graph of trace target ``target`` ("cpu" or "cuda") is built at:
+    FEATURE_VERSION, and for CPU targets ``CPU_FEATURE_REVISION`` after it, so a change in what only CPU
+    graphs record rebuilds their caches and refuses checkpoints trained on them while CUDA graphs, their caches
+    and the checkpoints trained on them stay valid."""
+    return FEATURE_VERSION if target == "cuda" else f"{FEATURE_VERSION}.{CPU_FEATURE_REVISION}"
+
+
 LAYOUT_VERSION = "2"
 """Version of the per-node attributes that are not features (``gemm_layout``): 2 marks a convolution's
 channels-last input. Graph caches are keyed by it (``dataset._cache_path``, ``prediction._graph_key``), so a
@@ -242,7 +257,7 @@ def summary_dict(traced: TracedStep, s: StepSummary) -> dict:
         "tensor_core_flop_share": s.tensor_core_flop_share,
         "unseen_ops": s.unseen_ops,
         "trace_s": traced.trace_s,
-        "feature_version": FEATURE_VERSION,
+        "feature_version": feature_version(traced.config.target),
     }
 
 

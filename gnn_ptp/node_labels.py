@@ -103,9 +103,9 @@ def _cache_path(data_dir: Path, cuda: bool = False) -> Path:
     ``cuda_dispatch.DISPATCH_VERSION``, whose kernel choices its traced nodes follow."""
     import transformers
 
-    from gnn_ptp.graph import FEATURE_VERSION
+    from gnn_ptp.graph import feature_version
 
-    versions = f"f{FEATURE_VERSION}-torch{torch.__version__.split('+')[0]}-tf{transformers.__version__}"
+    versions = f"f{feature_version('cuda' if cuda else 'cpu')}-torch{torch.__version__.split('+')[0]}-tf{transformers.__version__}"
     if cuda:
         from gnn_ptp.cuda_dispatch import DISPATCH_VERSION
 

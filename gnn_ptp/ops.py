@@ -324,21 +324,24 @@ def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
-def _attention_flops(op: str, args, kwargs) -> float:
+def _is_causal(target, args, kwargs) -> bool:
+    """Whether an attention kernel call is causal: its ``is_causal`` argument, found by name in the kernel's
+    schema (the CPU backward has it at 7, the CUDA flash and efficient backwards at 11, cuDNN's at 14)."""
+    if "is_causal" in kwargs:
+        return bool(kwargs["is_causal"])
+    schema = getattr(target, "_schema", None)
+    names = [a.name for a in schema.arguments] if schema is not None else []
+    at = names.index("is_causal") if "is_causal" in names else None
+    return at is not None and len(args) > at and args[at] is True
+
+
+def _attention_flops(target, op: str, args, kwargs) -> float:
     q, k, v = args[0:3] if "backward" not in op else args[1:4]
     b, h, sq, d = q.shape
     sk, dv = k.shape[-2], v.shape[-1]
     fwd = 2.0 * b * h * sq * sk * (d + dv)
-    causal = bool(kwargs.get("is_causal", False))
-    if not causal:
-        # is_causal is positional in the flash/efficient/cudnn signatures (index in the aten schema)
-        positional = {"flash_attention": 4, "efficient_attention": 6, "cudnn_attention": 6,
-                      "flash_attention_backward": 11, "efficient_attention_backward": 11,
-                      "cudnn_attention_backward": 14}.get(op)
-        if positional is not None and len(args) > positional and isinstance(args[positional], bool):
-            causal = args[positional]
     work = fwd * (2.5 if "backward" in op else 1.0)  # backward: 5 matmuls against 2
-    return work * (0.5 if causal else 1.0)
+    return work * (0.5 if _is_causal(target, args, kwargs) else 1.0)
 
 
 def _matmul_conv_flops(target, args, kwargs, out) -> float:
@@ -380,7 +383,7 @@ def op_cost(node, precision) -> OpCost:
     if cat in ("matmul", "conv"):
         flops = _matmul_conv_flops(node.target, args, kwargs, out)
     elif cat == "attention":
-        flops = _attention_flops(op, args, kwargs)
+        flops = _attention_flops(node.target, op, args, kwargs)
     elif cat == "optimizer":
         flops = _FLOPS_PER_ELEMENT["optimizer"] * sum(t.numel() for t in outputs)
     elif cat in ("reduction", "softmax", "norm", "loss"):

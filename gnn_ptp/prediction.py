@@ -162,7 +162,7 @@ def _graph_key(config: StepConfig) -> str:
     payload = {"spec": config.spec.to_dict(), "shape": dataclasses.asdict(config.shape),
                "precision": config.precision, "optimizer": config.optimizer, "target": config.target,
                "kernels": config.kernels,
-               "feature_version": graph_mod.FEATURE_VERSION, "memory_version": MEMORY_VERSION,
+               "feature_version": graph_mod.feature_version(config.target), "memory_version": MEMORY_VERSION,
                "layout_version": graph_mod.LAYOUT_VERSION,
                "torch": torch.__version__,
                "transformers": transformers.__version__}

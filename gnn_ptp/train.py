@@ -502,13 +502,13 @@ def _save(cfg: TrainConfig, model, data_dir, out, trained: list, seen: list, par
     those of; ``seen``: those of every hardware kind it knows."""
     import torch_geometric
 
-    from gnn_ptp.graph import FEATURE_VERSION
+    from gnn_ptp.graph import feature_version
     from gnn_ptp.records import now_utc
 
     hardware = summary["hardware"]
     over_prior = checkpoint.prior_calibration(model)
     meta = {
-        "model": cfg.model.to_dict(), "train": cfg.to_dict(), "feature_version": FEATURE_VERSION,
+        "model": cfg.model.to_dict(), "train": cfg.to_dict(), "feature_version": feature_version(dataset.trace_target(hardware)),
         "hardware": hardware, "trace_target": dataset.trace_target(hardware),
         "data_dir": str(data_dir), "created": now_utc(), "torch": torch.__version__,
         "torch_geometric": torch_geometric.__version__, "train_ranges": train_ranges(trained),

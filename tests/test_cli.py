@@ -50,7 +50,7 @@ def test_graph_json(capsys):
     assert d["nodes"] > 50 and d["edges"] > d["nodes"] and d["traced_ops"] > d["nodes"]
     assert set(d["kernels_by_phase"]) == {"forward", "backward", "optimizer"}
     assert d["flops"] == pytest.approx(sum(d["flops_by_phase"].values()))
-    assert d["feature_version"] == graph.FEATURE_VERSION
+    assert d["feature_version"] == graph.feature_version("cuda") == graph.FEATURE_VERSION
 
 
 def test_graph_cpu_target(capsys):

@@ -220,12 +220,13 @@ def test_step_comm_picks_backward_nodes_and_falls_back_to_uniform():
 
 def _checkpoint(tmp_path, hardware: str, readout: str = "node_sum") -> Path:
     from gnn_ptp import checkpoint
-    from gnn_ptp.graph import FEATURE_VERSION
+    from gnn_ptp.dataset import trace_target
+    from gnn_ptp.graph import feature_version
     from gnn_ptp.model import ModelConfig, StepTimeGNN
 
     torch.manual_seed(0)
     cfg = ModelConfig(hidden=16, depth=1, readout=readout)
-    return checkpoint.save(StepTimeGNN(cfg), {"hardware": hardware, "feature_version": FEATURE_VERSION,
+    return checkpoint.save(StepTimeGNN(cfg), {"hardware": hardware, "feature_version": feature_version(trace_target(hardware)),
                                               "model": cfg.to_dict()}, tmp_path / f"{hardware}-{readout}")
 
 

@@ -100,6 +100,30 @@ def test_attention_flops(precision, kernel, kernels, causal):
     assert bwd.flops == 2.5 * expected  # five matmuls against two, causal halved as in the forward
 
 
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_flops_cpu_kernels(precision, causal):
+    """The CPU flash kernels cost what the CUDA ones do: a causal backward (``is_causal`` at argument 7 of
+    the CPU schema, 11 on CUDA) is halved as its forward is (CPU_FEATURE_REVISION 1; it was counted whole)."""
+    b, h, s, d = 2, 2, 64, 32
+    traced = trace_step(StepConfig(py_spec("attention", heads=h, head_dim=d, causal=causal), Shape(b, s),
+                                   precision, target="cpu"))
+    (fwd,) = costs(traced, "attention", "forward")
+    (bwd,) = costs(traced, "attention", "backward")
+    assert (fwd.op, bwd.op) == ("flash_attention", "flash_attention_backward")
+    (node,) = [n for n in kept(traced) if ops.canonical(n.target) == "flash_attention_backward"]
+    assert node.target is torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default
+    assert (node.meta["in"][0][7] is True) == causal
+    expected = 4 * b * h * s * s * d / (2 if causal else 1)
+    assert fwd.flops == expected
+    assert bwd.flops == 2.5 * expected
+
+
+def test_feature_version_of_cpu_graphs_carries_their_revision():
+    assert graph.feature_version("cuda") == graph.FEATURE_VERSION
+    assert graph.feature_version("cpu") == f"{graph.FEATURE_VERSION}.{graph.CPU_FEATURE_REVISION}"
+
+
 def test_attention_flops_gqa_counts_query_heads():
     from conftest import LLAMA
 

@@ -9,6 +9,7 @@ import json
 import pytest
 
 from gnn_ptp import dataset, prediction, records
+from gnn_ptp.errors import UserError
 
 MLP = {"spec": "random:mlp:3", "set": {"in_features": 16, "width": 32, "depth": 2, "num_classes": 4},
        "task": None, "batch_size": 4, "seq_len": None, "image_size": None, "optimizer": "adamw"}
@@ -82,7 +83,7 @@ def test_kernel_choices_version_keys_cuda_caches_only(tmp_path, monkeypatch):
     # the CPU key is the payload it always was (no dispatch version in it)
     payload = {"spec": cpu.spec.to_dict(), "shape": dataclasses.asdict(cpu.shape),
                "precision": "fp32", "optimizer": "adamw", "target": "cpu", "kernels": None,
-               "feature_version": graph.FEATURE_VERSION, "memory_version": prediction.MEMORY_VERSION,
+               "feature_version": graph.feature_version("cpu"), "memory_version": prediction.MEMORY_VERSION,
                "layout_version": graph.LAYOUT_VERSION,
                "torch": torch.__version__, "transformers": transformers.__version__}
     assert keys["cpu"] == hashlib.sha1(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:20]
@@ -96,7 +97,34 @@ def test_kernel_choices_version_keys_cuda_caches_only(tmp_path, monkeypatch):
     assert node_labels._cache_path(tmp_path).name == labels["cpu"]
     assert node_labels._cache_path(tmp_path, cuda=True).name != labels["cuda"]
     model, meta = checkpoint.load(Path(__file__).resolve().parent.parent / "checkpoints" / "cpu")
-    assert meta["feature_version"] == graph.FEATURE_VERSION == "4"
+    assert meta["feature_version"] == graph.feature_version("cpu") == "4.1"
+
+
+def test_a_cpu_feature_revision_rebuilds_cpu_caches_and_refuses_cpu_checkpoints_only(tmp_path, monkeypatch):
+    """A change in what only CPU-target graphs record (``graph.CPU_FEATURE_REVISION``; 1: the CPU attention
+    backward's causal FLOPs) rebuilds every CPU-target graph cache (the dataset folder's, predict's per-graph
+    one, the node labels') and refuses a CPU checkpoint trained before it, with one line naming the versions;
+    CUDA-target caches and the H200 checkpoint stay as they were."""
+    from pathlib import Path
+
+    from gnn_ptp import checkpoint, graph, node_labels
+
+    shipped = Path(__file__).resolve().parent.parent / "checkpoints"
+    cpu = dataset.step_config_of({**MLP, "precision": "fp32"}, "cpu")
+    cuda = dataset.step_config_of({**MLP, "precision": "fp32"}, "cuda", kernels="2.11.0+cu130")
+    keys = {c.target: prediction._graph_key(c) for c in (cpu, cuda)}
+    paths = {t: dataset._cache_path(tmp_path, t, True).name for t in ("cpu", "cuda")}
+    labels = {t: node_labels._cache_path(tmp_path, cuda=t == "cuda").name for t in ("cpu", "cuda")}
+    monkeypatch.setattr(graph, "CPU_FEATURE_REVISION", "test")
+    assert prediction._graph_key(cpu) != keys["cpu"] and prediction._graph_key(cuda) == keys["cuda"]
+    assert dataset._cache_path(tmp_path, "cpu", True).name != paths["cpu"]
+    assert dataset._cache_path(tmp_path, "cuda", True).name == paths["cuda"]
+    assert node_labels._cache_path(tmp_path).name != labels["cpu"]
+    assert node_labels._cache_path(tmp_path, cuda=True).name == labels["cuda"]
+    with pytest.raises(UserError, match=r"trained on graph features v4\.1, this gnn-ptp builds v4\.test"):
+        checkpoint.load(shipped / "cpu")
+    model, meta = checkpoint.load(shipped / "h200")
+    assert meta["trace_target"] == "cuda" and meta["feature_version"] == graph.FEATURE_VERSION
 
 
 def test_a_layout_version_rebuilds_every_graph_cache_and_no_checkpoint(tmp_path, monkeypatch):

@@ -14,7 +14,7 @@ import torch
 
 from gnn_ptp import checkpoint, cli, dataset, train as train_mod
 from gnn_ptp.errors import UserError
-from gnn_ptp.graph import FEATURE_VERSION, GRAPH_FEATURES
+from gnn_ptp.graph import GRAPH_FEATURES, feature_version
 from gnn_ptp.model import ModelConfig
 from gnn_ptp.train import TrainConfig, TrainingDiverged, load_train_config, predict_samples, prepare, train
 
@@ -153,7 +153,7 @@ def test_checkpoint_round_trip_reproduces_predictions_exactly(synthetic_dir, tmp
         assert torch.equal(before[key], after[key]), key
 
     assert META_KEYS <= set(meta)
-    assert meta["feature_version"] == FEATURE_VERSION and meta["hardware"] == "cpu"
+    assert meta["feature_version"] == feature_version("cpu") and meta["hardware"] == "cpu"
     assert meta["trace_target"] == "cpu"
     assert meta["data_hash"] == dataset.data_hash(dataset.measured_configs(synthetic_dir))
     assert meta["split"] == result["split"] and meta["metrics"] == json.loads(json.dumps(result["metrics"]))
