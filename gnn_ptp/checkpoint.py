@@ -1,9 +1,10 @@
 """Checkpoints: ``model.pt`` (weights only) + ``meta.json`` (everything needed to rebuild and trust it).
 
 The model is rebuilt from meta.json alone and its weights loaded with ``torch.load(weights_only=True)``,
-so a checkpoint can never run code. meta.json holds the model and training configs, FEATURE_VERSION,
-the hardware it predicts for, the target offsets, a hash of the training data, the split, the metrics,
-and the ranges of the training graphs (for out-of-distribution warnings).
+so a checkpoint can never run code. meta.json holds the model and training configs, the feature version
+of its target's graphs (``graph.feature_version``; a checkpoint of another is refused), the hardware it
+predicts for, the target offsets, a hash of the training data, the split, the metrics, and the ranges of
+the training graphs (for out-of-distribution warnings).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Each measured configuration (its records averaged when it was measured more than
 ``torch_geometric.data.Data``: the traced step's graph plus the labels
 ``y`` [1, 4] = log ms of forward, backward, optimizer and whole step, and ``mem`` [1] = log peak bytes.
 Graphs are cached per dataset folder in ``.cache/`` (plain tensors, loaded with ``weights_only=True``);
-the cache file's name holds FEATURE_VERSION and the torch/transformers versions (and, for CUDA targets,
+the cache file's name holds the target's feature version (``graph.feature_version``) and the torch/transformers versions (and, for CUDA targets,
 ``cuda_dispatch.DISPATCH_VERSION``), so a change in any of them rebuilds it. Only configurations the
 cache lacks are traced.
 """
@@ -181,7 +181,7 @@ def _cache_path(data_dir: Path, target: str, precision_aware: bool) -> Path:
 def load_graphs(data_dir: str | Path, measured: list[Measured], precision_aware: bool = True,
                 log=None) -> dict[str, dict[str, torch.Tensor]]:
     """Graph tensors for every measured configuration: from the folder's cache, else from the per-graph
-    cache ``predict`` keeps (``~/.cache/gnn-ptp/graphs``, keyed by step config, FEATURE_VERSION and
+    cache ``predict`` keeps (``~/.cache/gnn-ptp/graphs``, keyed by step config, feature version and
     library versions), else traced now (each distinct step once: a precision-unaware graph is the fp32
     graph of the same config) and written to both. Progress goes to ``log`` (stderr)."""
     from gnn_ptp import node_labels

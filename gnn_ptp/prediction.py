@@ -1,8 +1,8 @@
 """The Python API: ``gnn_ptp.predict(spec, precision=..., batch_size=..., gpus=...)`` -> ``Prediction``.
 
 Schedulers and notebooks call this directly; ``gnn-ptp predict`` is a thin layer over it. A traced
-graph is cached in memory and on disk (``~/.cache/gnn-ptp``, keyed by the step config, FEATURE_VERSION
-and library versions), so asking again, or for another GPU count, does not trace again; tf32 and
+graph is cached in memory and on disk (``~/.cache/gnn-ptp``, keyed by the step config, its target's
+feature version and library versions), so asking again, or for another GPU count, does not trace again; tf32 and
 torch-default reuse the fp32 trace; several precisions are traced in parallel processes.
 """
 
