@@ -36,11 +36,12 @@ FEATURE_VERSION = "4"  # 2: causal attention backward and grouped-conv backward 
 # 3: float16 softmax with a float32 result is one kernel, as on CUDA
 # 4: CPU targets trace the single-tensor optimizer torch.optim runs on CPUs (step counters included);
 #    GradScaler's per-device copies; .backward() instead of autograd.grad
-CPU_FEATURE_REVISION = "1"
+CPU_FEATURE_REVISION = "2"
 """Revision of what only CPU-target graphs record, on top of FEATURE_VERSION (``feature_version``). 1: the CPU
 flash-attention backward (``_scaled_dot_product_flash_attention_for_cpu_backward``) is read causal where its
 schema has ``is_causal`` (argument 7; it was looked for at the CUDA kernels' 11, so a causal CPU backward was
-counted at twice its FLOPs, unlike its forward and unlike every CUDA kernel)."""
+counted whole while its forward was halved). 2: a causal CPU flash kernel, either direction, is counted over
+the key blocks it visits (``ops.cpu_flash_causal_fraction``: whole up to 512 keys), not halved."""
 
 
 def feature_version(target: str) -> str:

@@ -841,11 +841,10 @@ def depthwise_path_terms(shapes: torch.Tensor) -> torch.Tensor:
 ATTENTION_TERMS = ("call", "block", "row", "score", "mac", "byte")
 """The costs of a fused attention kernel (``attention_terms``), in the order of a law's coefficients."""
 
-ATTENTION_Q_SPLITS = ((768, 256), (192, 64), (0, 32))
+ATTENTION_Q_SPLITS = ops.CPU_FLASH_Q_SPLITS
 """(least query length, query block rows) as aten's CPU flash attention picks its query block
-(``flash_attention_kernel_impl`` and its backward in ``aten/src/ATen/native/cpu/FlashAttentionKernel.cpp``:
-256 rows from 768 query positions, 64 from 192, else 32), its key block being ``ATTENTION_KV_SPLIT``."""
-ATTENTION_KV_SPLIT = 512
+(``ops.CPU_FLASH_Q_SPLITS``), its key block being ``ATTENTION_KV_SPLIT``."""
+ATTENTION_KV_SPLIT = ops.CPU_FLASH_KV_SPLIT
 ATTENTION_CATEGORY = ops.CATEGORIES.index("attention")
 
 
@@ -861,7 +860,9 @@ def attention_terms(x: torch.Tensor, x_cat: torch.Tensor) -> torch.Tensor:
     """Per node (float64 [N, 6], ``ATTENTION_TERMS``) what a fused attention kernel costs
     (``Profile.attention``): 1 (the call), its (query block, key block) pairs over every batch and head
     (``attention_q_split``, ``ATTENTION_KV_SPLIT``), its query rows (batch x heads x query length), its
-    scores (batch x heads x query x key length, as its FLOPs count them: halved where causal), its
+    scores (batch x heads x query x key length, as its FLOPs count them: where causal, the pairs of the key
+    blocks the kernel visits, ``ops.cpu_flash_causal_fraction``; past 512 keys its key blocks are then read
+    from their mean visited length, so a causal kernel's block count is rounded up), its
     multiply-adds (FLOPs / 2) and the bytes it reads and writes; NaN rows for every other node. Batch, heads,
     query length and head size come from its first input (the query, or the backward's incoming gradient:
     the same shape), the key length from its FLOPs (``ops._attention_flops``, a value head size equal to the

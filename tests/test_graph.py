@@ -102,10 +102,12 @@ def test_attention_flops(precision, kernel, kernels, causal):
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_attention_flops_cpu_kernels(precision, causal):
-    """The CPU flash kernels cost what the CUDA ones do: a causal backward (``is_causal`` at argument 7 of
-    the CPU schema, 11 on CUDA) is halved as its forward is (CPU_FEATURE_REVISION 1; it was counted whole)."""
-    b, h, s, d = 2, 2, 64, 32
+@pytest.mark.parametrize("s, fraction", [(64, 1.0), (1024, 0.75)])
+def test_attention_flops_cpu_kernels(precision, causal, s, fraction):
+    """aten's CPU flash kernels, read causal in both directions (``is_causal`` is argument 7 of the CPU
+    backward's schema, 11 on CUDA), cost the pairs of the key blocks they visit: all of them up to 512 keys,
+    3/4 at 1,024 (CPU_FEATURE_REVISION 2; the backward was counted whole, the forward halved)."""
+    b, h, d = 1, 2, 16
     traced = trace_step(StepConfig(py_spec("attention", heads=h, head_dim=d, causal=causal), Shape(b, s),
                                    precision, target="cpu"))
     (fwd,) = costs(traced, "attention", "forward")
@@ -114,9 +116,21 @@ def test_attention_flops_cpu_kernels(precision, causal):
     (node,) = [n for n in kept(traced) if ops.canonical(n.target) == "flash_attention_backward"]
     assert node.target is torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default
     assert (node.meta["in"][0][7] is True) == causal
-    expected = 4 * b * h * s * s * d / (2 if causal else 1)
+    expected = 4 * b * h * s * s * d * (fraction if causal else 1.0)
     assert fwd.flops == expected
     assert bwd.flops == 2.5 * expected
+
+
+def test_cpu_flash_causal_fraction_counts_the_key_blocks_visited():
+    """Query blocks of 32 / 64 / 256 rows (from 192 and 768 tokens), key blocks of 512: a block is visited
+    whole if it starts before the query block's last row."""
+    assert [ops.cpu_flash_q_split(n) for n in (128, 191, 192, 767, 768)] == [32, 32, 64, 64, 256]
+    assert all(ops.cpu_flash_causal_fraction(n, n) == 1.0 for n in (1, 32, 128, 257, 512))
+    # 640 tokens, 10 query blocks of 64: the first 8 see 512 keys, the last 2 all 640
+    assert ops.cpu_flash_causal_fraction(640, 640) == pytest.approx((8 * 64 * 512 + 2 * 64 * 640) / 640 ** 2)
+    # 2,048 tokens, 8 query blocks of 256: 1, 1, 2, 2, 3, 3, 4, 4 key blocks of 512 of 4
+    assert ops.cpu_flash_causal_fraction(2048, 2048) == pytest.approx(20 / 32)
+    assert ops.cpu_flash_causal_fraction(1024, 1024) == 0.75
 
 
 def test_feature_version_of_cpu_graphs_carries_their_revision():
