@@ -5,6 +5,7 @@ of tiny real models: the graphs are real traces."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -97,12 +98,12 @@ def test_kernel_choices_version_keys_cuda_caches_only(tmp_path, monkeypatch):
     assert node_labels._cache_path(tmp_path).name == labels["cpu"]
     assert node_labels._cache_path(tmp_path, cuda=True).name != labels["cuda"]
     model, meta = checkpoint.load(Path(__file__).resolve().parent.parent / "checkpoints" / "cpu")
-    assert meta["feature_version"] == graph.feature_version("cpu") == "4.1"
+    assert meta["feature_version"] == graph.feature_version("cpu") == "4.2"
 
 
 def test_a_cpu_feature_revision_rebuilds_cpu_caches_and_refuses_cpu_checkpoints_only(tmp_path, monkeypatch):
-    """A change in what only CPU-target graphs record (``graph.CPU_FEATURE_REVISION``; 1: the CPU attention
-    backward's causal FLOPs) rebuilds every CPU-target graph cache (the dataset folder's, predict's per-graph
+    """A change in what only CPU-target graphs record (``graph.CPU_FEATURE_REVISION``; 2: causal CPU attention
+    counted by the key blocks its kernel visits) rebuilds every CPU-target graph cache (the dataset folder's, predict's per-graph
     one, the node labels') and refuses a CPU checkpoint trained before it, with one line naming the versions;
     CUDA-target caches and the H200 checkpoint stay as they were."""
     from pathlib import Path
@@ -115,13 +116,15 @@ def test_a_cpu_feature_revision_rebuilds_cpu_caches_and_refuses_cpu_checkpoints_
     keys = {c.target: prediction._graph_key(c) for c in (cpu, cuda)}
     paths = {t: dataset._cache_path(tmp_path, t, True).name for t in ("cpu", "cuda")}
     labels = {t: node_labels._cache_path(tmp_path, cuda=t == "cuda").name for t in ("cpu", "cuda")}
+    trained = graph.feature_version("cpu")
     monkeypatch.setattr(graph, "CPU_FEATURE_REVISION", "test")
     assert prediction._graph_key(cpu) != keys["cpu"] and prediction._graph_key(cuda) == keys["cuda"]
     assert dataset._cache_path(tmp_path, "cpu", True).name != paths["cpu"]
     assert dataset._cache_path(tmp_path, "cuda", True).name == paths["cuda"]
     assert node_labels._cache_path(tmp_path).name != labels["cpu"]
     assert node_labels._cache_path(tmp_path, cuda=True).name == labels["cuda"]
-    with pytest.raises(UserError, match=r"trained on graph features v4\.1, this gnn-ptp builds v4\.test"):
+    with pytest.raises(UserError, match=rf"trained on graph features v{re.escape(trained)}, this gnn-ptp builds "
+                                        rf"v{graph.FEATURE_VERSION}\.test"):
         checkpoint.load(shipped / "cpu")
     model, meta = checkpoint.load(shipped / "h200")
     assert meta["trace_target"] == "cuda" and meta["feature_version"] == graph.FEATURE_VERSION
