@@ -4,8 +4,9 @@ Each measured configuration (its records averaged when it was measured more than
 ``torch_geometric.data.Data``: the traced step's graph plus the labels
 ``y`` [1, 4] = log ms of forward, backward, optimizer and whole step, and ``mem`` [1] = log peak bytes.
 Graphs are cached per dataset folder in ``.cache/`` (plain tensors, loaded with ``weights_only=True``);
-the cache file's name holds the target's feature version (``graph.feature_version``) and the torch/transformers versions (and, for CUDA targets,
-``cuda_dispatch.DISPATCH_VERSION``), so a change in any of them rebuilds it. Only configurations the
+the cache file's name holds the target's feature version (``graph.feature_version``) and the
+torch/transformers versions (and, for CUDA targets, ``cuda_dispatch.DISPATCH_VERSION``), so a change in any
+of them rebuilds it. Only configurations the
 cache lacks are traced.
 """
 
@@ -169,8 +170,8 @@ def version_notes(measured: list[Measured]) -> list[str]:
 def _cache_path(data_dir: Path, target: str, precision_aware: bool) -> Path:
     import transformers
 
-    versions = (f"f{graph_mod.feature_version(target)}-l{graph_mod.LAYOUT_VERSION}-torch{torch.__version__.split('+')[0]}"
-                f"-tf{transformers.__version__}")
+    versions = (f"f{graph_mod.feature_version(target)}-l{graph_mod.LAYOUT_VERSION}"
+                f"-torch{torch.__version__.split('+')[0]}-tf{transformers.__version__}")
     if target == "cuda":  # CUDA graphs also follow the kernel choices of cuda_dispatch
         from gnn_ptp.cuda_dispatch import DISPATCH_VERSION
 

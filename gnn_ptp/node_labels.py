@@ -105,7 +105,8 @@ def _cache_path(data_dir: Path, cuda: bool = False) -> Path:
 
     from gnn_ptp.graph import feature_version
 
-    versions = f"f{feature_version('cuda' if cuda else 'cpu')}-torch{torch.__version__.split('+')[0]}-tf{transformers.__version__}"
+    versions = (f"f{feature_version('cuda' if cuda else 'cpu')}-torch{torch.__version__.split('+')[0]}"
+                f"-tf{transformers.__version__}")
     if cuda:
         from gnn_ptp.cuda_dispatch import DISPATCH_VERSION
 

@@ -2,8 +2,8 @@
 
 Schedulers and notebooks call this directly; ``gnn-ptp predict`` is a thin layer over it. A traced
 graph is cached in memory and on disk (``~/.cache/gnn-ptp``, keyed by the step config, its target's
-feature version and library versions), so asking again, or for another GPU count, does not trace again; tf32 and
-torch-default reuse the fp32 trace; several precisions are traced in parallel processes.
+feature version and library versions), so asking again, or for another GPU count, does not trace again;
+tf32 and torch-default reuse the fp32 trace; several precisions are traced in parallel processes.
 """
 
 from __future__ import annotations

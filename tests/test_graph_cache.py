@@ -101,11 +101,12 @@ def test_kernel_choices_version_keys_cuda_caches_only(tmp_path, monkeypatch):
     assert meta["feature_version"] == graph.feature_version("cpu") == "4.2"
 
 
-def test_a_cpu_feature_revision_rebuilds_cpu_caches_and_refuses_cpu_checkpoints_only(tmp_path, monkeypatch):
-    """A change in what only CPU-target graphs record (``graph.CPU_FEATURE_REVISION``; 2: causal CPU attention
-    counted by the key blocks its kernel visits) rebuilds every CPU-target graph cache (the dataset folder's, predict's per-graph
-    one, the node labels') and refuses a CPU checkpoint trained before it, with one line naming the versions;
-    CUDA-target caches and the H200 checkpoint stay as they were."""
+def test_a_cpu_feature_revision_rebuilds_cpu_caches_and_refuses_cpu_checkpoints_only(tmp_path,
+                                                                                       monkeypatch):
+    """A change in what only CPU-target graphs record (``graph.CPU_FEATURE_REVISION``; 2: causal CPU
+    attention counted by the key blocks its kernel visits) rebuilds every CPU-target graph cache (the dataset
+    folder's, predict's per-graph one, the node labels') and refuses a CPU checkpoint trained before it, with
+    one line naming the versions; CUDA-target caches and the H200 checkpoint stay as they were."""
     from pathlib import Path
 
     from gnn_ptp import checkpoint, graph, node_labels
