@@ -205,7 +205,11 @@ def test_bad_job_arguments_are_user_errors(ckpt, kwargs, match):
 
 
 def test_a_gpu_checkpoint_traces_for_cuda(ckpt, tmp_path):
-    h100 = _variant(ckpt, tmp_path / "h100", hardware="h100", trace_target="cuda")
+    from gnn_ptp.graph import feature_version
+
+    # the same weights said to be trained on CUDA graphs (their feature version: CPU graphs carry a revision)
+    h100 = _variant(ckpt, tmp_path / "h100", hardware="h100", trace_target="cuda",
+                    feature_version=feature_version("cuda"))
     p = predict(SPEC, precision="amp-bf16", batch_size=8, checkpoint=h100)
     assert p.hardware == "h100"
     from gnn_ptp import checkpoint
