@@ -355,12 +355,12 @@ def cpu_flash_causal_fraction(q_len: int, kv_len: int) -> float:
     kind (one thread, 1-8 x 2-4 heads x 64, fp32 and bf16, causal against full; README *Protocol*, "A causal
     CPU attention backward counted whole"): 0.98-1.02 at 128-512 tokens, 0.84-0.86 at 640, 0.75-0.76 at
     1,024, 0.63 at 2,048, where this gives 1, 0.84, 0.75 and 0.62."""
-    rows = cpu_flash_q_split(q_len)
+    rows, split = cpu_flash_q_split(q_len), CPU_FLASH_KV_SPLIT
     visited = 0
     for m in range(0, q_len, rows):
         block = min(rows, q_len - m)
-        keys = min(m + block, kv_len)
-        visited += block * sum(min(CPU_FLASH_KV_SPLIT, kv_len - n) for n in range(0, keys, CPU_FLASH_KV_SPLIT))
+        blocks = -(-min(m + block, kv_len) // split)  # key blocks started before its last row, each whole
+        visited += block * min(blocks * split, kv_len)
     return visited / max(q_len * kv_len, 1)
 
 
@@ -376,8 +376,12 @@ def _attention_flops(target, op: str, args, kwargs) -> float:
     work = fwd * (2.5 if "backward" in op else 1.0)  # backward: 5 matmuls against 2
     if not _is_causal(target, args, kwargs):
         return work
-    cpu = "_for_cpu" in getattr(getattr(target, "_overloadpacket", None), "__name__", "")
+    cpu = getattr(target, "_overloadpacket", None) in _CPU_FLASH_KERNELS
     return work * (cpu_flash_causal_fraction(int(sq), int(sk)) if cpu else 0.5)
+
+
+_CPU_FLASH_KERNELS = (torch.ops.aten._scaled_dot_product_flash_attention_for_cpu,
+                      torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward)
 
 
 def _matmul_conv_flops(target, args, kwargs, out) -> float:
