@@ -400,8 +400,8 @@ def fit_profiles(data: Path, fit_families: list[str], labels: str = "mean", **de
         "steps_held_out_device_only": prior_fit.step_errors(held_s, device_only),
         "host": host_report,
     }
-    source = (f"fitted by benchmarks/calibrate_prior.py --profiles {data} on {_today()}: device curves to "
-              f"{len(rows_fit)} profiled kernels and host issue costs to {len(fit_s)} timed steps of the "
+    source = (f"fitted by benchmarks/calibrate_prior.py --profiles {_shown(data)} on {_today()}: device "
+              f"curves to {len(rows_fit)} profiled kernels and host issue costs to {len(fit_s)} timed steps of the "
               f"families {', '.join(fit_families)} on {_machine(env, hw)}; the other families held out")
     held = errors["steps_held_out"]
     worst = max(held["by_family"].items(), key=lambda kv: kv[1]["mape"])
@@ -441,8 +441,9 @@ def fit_profiles_lofo(data: Path, hold_out: list[str] = (), score_only: bool = F
               "host": host_report}
     if held:
         errors["steps_held_out"] = prior_fit.step_errors(held, profile)
-    source = (f"fitted by benchmarks/calibrate_prior.py --profiles {data} --lofo on {_today()}: device curves to "
-              f"{len(rows)} profiled kernels and host issue costs to {len(samples)} timed steps of every family"
+    source = (f"fitted by benchmarks/calibrate_prior.py --profiles {_shown(data)} --lofo on {_today()}: device "
+              f"curves to {len(rows)} profiled kernels and host issue costs to {len(samples)} timed steps of every "
+              f"family"
               f"{' but ' + ', '.join(hold_out) + ' (held out for the checkpoint trained over it)' if hold_out else ''} "
               f"on {_machine(env, hw)}; expected error from leaving one family out at a time")
     summary = (f"{lofo['all']['mape']:.0f} % step MAPE (median {lofo['all']['median_ape']:.0f} %) on "
@@ -513,6 +514,16 @@ def _section(hw, env: dict, source: str, summary: str, by_class: str, fitted: di
             "launch_floor_s": fitted["device_floor_s"], "host_issue_s": host,
             "host_fixed_s": list(profile.host_fixed_s), "fit_families": fit_families,
             **({"labels": labels} if labels != "mean" else {}), "errors": errors}
+
+
+def _shown(data) -> str:
+    """``data`` as a section's source names it: relative to the repository when inside it (an absolute path
+    to a folder of this checkout reads as the relative one), else as given."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        return str(Path(data).resolve().relative_to(root))
+    except ValueError:
+        return str(data)
 
 
 def write_sections(table: dict, before: dict, path: Path) -> None:

@@ -852,8 +852,8 @@ def _cpu_analytic(cpu_kind: str | None):
     section where one was fitted to its profiled steps (``calibrate_prior.py --profiles``), else the
     reference CPU's moved by its measured ceilings (``descriptor.Descriptor.profile``). On a kind whose
     steps are far from every checkpoint's training kind (the fourth kind: no fast bf16 path) its own prior
-    is the better answer: 18.5 % each family left out, against 72-100 % for the shipped checkpoint moved
-    there (README *A fourth CPU kind*)."""
+    is the better answer (its section's error with each family left out, which the warning prints, against
+    72-100 % for the shipped checkpoint moved there; README *A fourth CPU kind*)."""
     from gnn_ptp import descriptor
     from gnn_ptp.prior import AnalyticModel
 
