@@ -705,6 +705,11 @@ def main() -> None:
                     help="with --profiles on a CPU kind: depthwise convolutions priced by a sum of costs per kernel "
                          "path (stride, taps) in place of the power law (prior.Profile.depthwise_paths, "
                          "prior_fit.fit_depthwise_paths); the section carries the law")
+    ap.add_argument("--conv-blocks", action="store_true",
+                    help="with --slow-conv-law: the dense convolutions' law also has a cost per weight element per "
+                         "call and one per multiply-add of a convolution whose channels are not multiples of 16 "
+                         "(prior.CONV_CHANNEL_BLOCK, prior_fit.fit_slow_conv(conv_blocks=True)); the section's law "
+                         "has eight coefficients")
     ap.add_argument("--labels", default="mean", choices=("mean", "fastest"),
                     help="with --profiles: the timed steps the host costs are fitted to and scored on, labelled "
                          "by the mean of each configuration's records (default) or by its fastest record (the "
@@ -732,6 +737,8 @@ def main() -> None:
         ap.error(f"--labels {args.labels} labels the timed steps of --profiles DATA: give --profiles")
     if args.profiles and args.neusight:
         ap.error("--profiles and --neusight both write the h100 section: give one")
+    if args.conv_blocks and not args.slow_conv_law:
+        ap.error("--conv-blocks adds costs to the dense convolutions' law: give --slow-conv-law too")
     if args.bounded_layout_curves and not args.gemm_layout_curves:
         ap.error("--bounded-layout-curves bounds the curves of --gemm-layout-curves: give both")
     if args.jobs < 1:
@@ -760,6 +767,7 @@ def main() -> None:
               **({"depthwise_stride": True} if args.depthwise_stride else {}),
               **({"attention_law": True} if args.attention_law else {}),
               **({"depthwise_paths": True} if args.depthwise_paths else {}),
+              **({"conv_blocks": True} if args.conv_blocks else {}),
               **(KERNEL_CLASSES if args.kernel_classes else {})}
         if args.lofo_only:
             _, e = fit_profiles_lofo(args.profiles, score_only=True, jobs=args.jobs, labels=args.labels, **kw)

@@ -233,8 +233,11 @@ class Profile:
     the dtype torch runs such a convolution one sample at a time (``slow_conv2d``: im2col, then a plain
     loop GEMM): on the fourth CPU kind here its bf16 backward costs ~41 ns per weight element per sample
     (the weight gradient accumulated sample by sample) whatever its FLOPs, so a ResNet 3x3 convolution on a
-    1x1 map runs at 0.08 GFLOP/s and a random CNN's 32x32 one at 9 (README, *A fourth CPU kind*). Other
-    nodes, and a (direction, dtype) without a law, use the curves."""
+    1x1 map runs at 0.08 GFLOP/s and a random CNN's 32x32 one at 9 (README, *A fourth CPU kind*). Fitted
+    with ``conv_blocks`` (``prior_fit.fit_slow_conv``) a law also has a cost per weight element per call and
+    one per multiply-add of a convolution whose channels are not in whole blocks (``CONV_CHANNEL_BLOCK``):
+    eight coefficients, six otherwise (``SLOW_CONV_BASE_TERMS``). Other nodes, and a (direction, dtype)
+    without a law, use the curves."""
 
     depthwise_probes: bool = False
     """Where fitted so (``prior_fit.fit_device(depthwise_probes=True)``), a depthwise-like convolution with a
@@ -757,17 +760,32 @@ SLOW_CONV_CACHE_BYTES = 32 * 1024
 cache on the CPU kinds here; on the fourth kind a forward multiply-add costs ~0.9 ns with a matrix
 under 46 KB, ~1.6 ns at 0.2-0.5 MB and ~3 ns above 2 MB)."""
 
-SLOW_CONV_TERMS = ("call", "mac", "mac_spill", "weight_per_sample", "im2col", "io")
-"""The costs of a slow-path convolution (``slow_conv_terms``), in the order of a law's coefficients."""
+SLOW_CONV_TERMS = ("call", "mac", "mac_spill", "weight_per_sample", "im2col", "io", "weight", "mac_unaligned")
+"""The costs of a dense convolution by its shape (``slow_conv_terms``), in the order of a law's coefficients. A
+law of ``SLOW_CONV_BASE_TERMS`` coefficients (every section fitted before the fiftieth session) reads the first
+six; one fitted with ``conv_blocks`` (``prior_fit.fit_slow_conv``) all eight."""
+
+SLOW_CONV_BASE_TERMS = 6
+"""How many of ``SLOW_CONV_TERMS`` a law fitted without ``conv_blocks`` has."""
+
+CONV_CHANNEL_BLOCK = 16
+"""The channel block a CPU's fast convolution kernels run in: oneDNN's AVX-512 kernels lay activations and
+weights out in blocks of 16 channels (nChw16c). A dense convolution whose input or output channels are not a
+multiple of it is "unaligned" (``slow_conv_terms``' last cost): on the first CPU kind such bf16 convolutions
+(the random CNNs' widths are multiples of 8) run at 0.66-0.70 of the time the size fold's law priced them at,
+the aligned ones at 0.81-0.92 (README *Protocol*, "Where the size folds' prior errs, by kernel")."""
 
 
 def slow_conv_terms(x: torch.Tensor, x_cat: torch.Tensor) -> torch.Tensor:
-    """Per node (float64 [N, 6], ``SLOW_CONV_TERMS``) what a dense 2-d convolution run one sample at a time
+    """Per node (float64 [N, 8], ``SLOW_CONV_TERMS``) what a dense 2-d convolution run one sample at a time
     costs (``Profile.slow_conv``): 1 (the call), its multiply-adds (FLOPs / 2), those times
     ``max(0, ln(im2col bytes per sample / SLOW_CONV_CACHE_BYTES))``, batch x weight elements (backward
     only: the weight gradient is accumulated once per sample), batch x im2col elements (input channels x
-    taps x output positions) and the elements of its input and output tensors; NaN rows for every other
-    node (not a convolution, a grouped one, or not 2-d). A forward node's input and output are its input
+    taps x output positions) and the elements of its input and output tensors; then (a law fitted with
+    ``conv_blocks``) its weight elements once per call (a fast kernel reorders the weight into its blocked
+    layout every call) and its multiply-adds again where its input or output channels are not a multiple of
+    ``CONV_CHANNEL_BLOCK`` (0 where both are); NaN rows for every other node (not a convolution, a grouped
+    one, or not 2-d). A forward node's input and output are its input
     and output; a fused backward node's, its first output (the input's gradient) and incoming gradient. A
     backward node that computes no input gradient (a network's first convolution) has the weight's
     gradient as its first output: its batch and output positions come from the incoming gradient."""
@@ -790,9 +808,12 @@ def slow_conv_terms(x: torch.Tensor, x_cat: torch.Tensor) -> torch.Tensor:
                            dtype=torch.float64)
     spill = torch.log(depth * positions * element / SLOW_CONV_CACHE_BYTES).clamp_min(0.0)
     io = batch * out_channels * positions + torch.where(weight_only, 0.0, inp.clamp_min(1).prod(1))
+    unaligned = (torch.remainder(inp[:, 1], CONV_CHANNEL_BLOCK) != 0) | (torch.remainder(out_channels,
+                                                                                       CONV_CHANNEL_BLOCK) != 0)
     terms = torch.stack([torch.ones_like(macs), macs, macs * spill,
                          torch.where(backward, batch * out_channels * depth, torch.zeros_like(macs)),
-                         batch * depth * positions, io], 1)
+                         batch * depth * positions, io, out_channels * depth,
+                         torch.where(unaligned, macs, torch.zeros_like(macs))], 1)
     terms[~(four_d & (depth >= 1))] = float("nan")
     out[conv] = terms
     return out
@@ -806,7 +827,7 @@ def slow_conv_seconds(terms: torch.Tensor, backward: torch.Tensor, dtypes: list[
     NaN only the nodes that incur that cost (a cost of 0 counts nothing, whatever its coefficient)."""
     out = torch.full((terms.shape[0],), float("nan"), dtype=torch.float64)
     for rows, c in _law_rows(law, ~torch.isnan(terms[:, 0]), backward, dtypes):
-        t = terms[rows]
+        t = terms[rows][:, :len(c)]  # a law of fewer costs reads the first (SLOW_CONV_BASE_TERMS)
         out[rows] = torch.where(t == 0, 0.0, t * torch.tensor(c, dtype=torch.float64)).sum(1)
     return out
 

@@ -86,7 +86,7 @@ class KernelRows:
     """Per row, a two-operand GEMM's operand layout (graph.py's ``gemm_layout``, ``ops.GEMM_LAYOUTS``; 0 for
     other kernels; None: unknown)."""
     slow_conv: torch.Tensor | None = None
-    """Per row, a dense convolution's slow-path costs ([R, 6], ``prior.slow_conv_terms``; NaN for other rows;
+    """Per row, a dense convolution's slow-path costs ([R, 8], ``prior.slow_conv_terms``; NaN for other rows;
     None: unknown, none)."""
     step_share: torch.Tensor | None = None
     """Per row, its time over the summed time of every measured kernel of its step (its profile's matched
@@ -423,7 +423,7 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
                bounded_layout_curves: bool = False, layout_levels: bool = False,
                slow_conv: tuple[str, ...] = (), depthwise_probes: bool = False,
                step_weights: bool = False, depthwise_stride: bool = False, depthwise_floor: bool = False,
-               attention_law: bool = False, depthwise_paths: bool = False) -> dict:
+               attention_law: bool = False, depthwise_paths: bool = False, conv_blocks: bool = False) -> dict:
     """Curves (``prior.Curve`` dicts) for GEMM-like kernels per category and dtype (``by_category``; else per
     dtype), other compute ("vector"), memory traffic, and the device floor in seconds, fitted to ``rows``.
     With ``intensity`` the compute curves also ramp with arithmetic intensity; with ``vector_by_category``
@@ -474,7 +474,9 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
     in the result says how they were fitted). With ``slow_conv`` dtypes ("bf16"), each direction's dense
     convolutions of those dtypes get a law in their shape (``fit_slow_conv``, ``prior.Profile.slow_conv``),
     fitted to every such row; the curves are fitted as without it (the law overrides them where it
-    applies, and a prior moved to another kind drops it: ``descriptor.transfer``). With ``depthwise_probes``
+    applies, and a prior moved to another kind drops it: ``descriptor.transfer``); with ``conv_blocks`` too,
+    the law has a cost per weight element per call and per unaligned multiply-add besides (``fit_slow_conv``).
+    With ``depthwise_probes``
     and ``hw`` carrying depthwise probes (``Hardware.depthwise_probe_s``), the channels-last depthwise
     convolutions are priced from them (``prior.Profile.depthwise_probes``) and left out of the law and the
     curves; without probes it changes nothing. With ``step_weights`` each kernel weighs in the curves' fit
@@ -484,7 +486,7 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
     are fitted as without it. With ``depthwise_paths`` each direction and dtype of depthwise-like
     convolutions also gets a law per kernel path (``fit_depthwise_paths``, ``prior.Profile.depthwise_paths``),
     which prices them in place of the power law."""
-    slow = fit_slow_conv(rows, tuple(slow_conv), fresh)
+    slow = fit_slow_conv(rows, tuple(slow_conv), fresh, conv_blocks)
     fit_fresh = bool(fresh) and fresh.get("s_per_byte") is None
     probed = depthwise_probes and bool(hw.depthwise_probe_s)
     rows = unprobed(rows, hw) if probed else rows
@@ -699,16 +701,21 @@ def _nnls(A: np.ndarray, y: np.ndarray) -> np.ndarray:
     return coef
 
 
-def fit_slow_conv(rows: KernelRows, dtypes: tuple[str, ...], fresh: dict | None = None) -> dict:
+def fit_slow_conv(rows: KernelRows, dtypes: tuple[str, ...], fresh: dict | None = None,
+                  conv_blocks: bool = False) -> dict:
     """A slow-path convolution law (``prior.Profile.slow_conv``) per direction and dtype of ``dtypes`` with
     at least ``MIN_GROUP_ROWS`` dense convolutions in ``rows``: the time (less a measured fresh-allocation
-    cost, which the prior adds back; at least a tenth of it left) as a non-negative sum of the costs of
-    ``prior.slow_conv_terms``, fitted by least squares on the relative error, each row weighted by the
-    square root of its time over the median (as the curves weight theirs): {"backward:bf16": [6 s/unit]}.
-    {} without ``dtypes`` or such rows."""
+    cost, which the prior adds back; at least a tenth of it left) as a non-negative sum of the first
+    ``prior.SLOW_CONV_BASE_TERMS`` costs of ``prior.slow_conv_terms`` (all of them with ``conv_blocks``: a
+    cost per weight element per call and per multiply-add of a convolution whose channels are not in whole
+    blocks besides), fitted by least squares on the relative error, each row weighted by the square root of
+    its time over the median (as the curves weight theirs): {"backward:bf16": [6 or 8 s/unit]}. {} without
+    ``dtypes`` or such rows. ``conv_blocks`` was declared before it was scored (README *Protocol*, "Dense
+    convolutions by their channel blocks")."""
     if not dtypes or rows.slow_conv is None:
         return {}
-    return _additive_law(rows, rows.slow_conv, dtypes, fresh)
+    terms = rows.slow_conv if conv_blocks else rows.slow_conv[:, :prior.SLOW_CONV_BASE_TERMS]
+    return _additive_law(rows, terms, dtypes, fresh)
 
 
 def fit_attention(rows: KernelRows, hw: Hardware, fresh: dict | None = None) -> dict:
@@ -1040,7 +1047,8 @@ def fit(samples: list, node_seconds: dict, hw: Hardware, max_rows: int | None = 
     profiler_cost = device_kw.pop("profiler_cost", False)
     rows = kernel_rows(samples, node_seconds)
     rows = unprobed(rows, hw) if device_kw.get("depthwise_probes") else rows  # before the law is fitted
-    slow = fit_slow_conv(rows, tuple(device_kw.pop("slow_conv", ())), device_kw.get("fresh"))
+    slow = fit_slow_conv(rows, tuple(device_kw.pop("slow_conv", ())), device_kw.get("fresh"),
+                         device_kw.pop("conv_blocks", False))
     attention = fit_attention(rows, hw, device_kw.get("fresh")) if device_kw.pop("attention_law", False) else {}
     paths = fit_depthwise_paths(rows, device_kw.get("fresh")) if device_kw.pop("depthwise_paths", False) else {}
     stride, floor = device_kw.pop("depthwise_stride", False), device_kw.pop("depthwise_floor", False)
@@ -1082,6 +1090,7 @@ def section_options(section: dict) -> dict:
                                          for k, v in section.get("gemm", {}).items()),
             "layout_levels": bool(section.get("layout_levels")),
             "slow_conv": tuple(sorted({k.split(":")[1] for k in section.get("slow_conv", {})})),
+            "conv_blocks": any(len(c) > prior.SLOW_CONV_BASE_TERMS for c in section.get("slow_conv", {}).values()),
             "depthwise_probes": bool(section.get("depthwise_probes")),
             "step_weights": bool(section.get("step_weights")),
             "profiler_cost": bool(section.get("profiler_cost")),

@@ -126,6 +126,11 @@ class Budget:
     """A CPU kind's prior refitted in every fold prices depthwise convolutions by a law per kernel path
     (``prior_fit.fit_depthwise_paths``, ``prior.Profile.depthwise_paths``) on top of its section's options.
     False (default): the section's."""
+    conv_blocks: bool = False
+    """A CPU kind's prior refitted in every fold prices its dense convolutions' law with a cost per weight
+    element per call and one per multiply-add of a convolution whose channels are not in whole blocks
+    (``prior_fit.fit_slow_conv(conv_blocks=True)``, ``prior.CONV_CHANNEL_BLOCK``) on top of its section's
+    options (where the section or ``slow_conv_law`` gives it that law). False (default): the section's."""
     depthwise_stride: bool = False
     """A CPU kind's prior refitted in every fold has the stride among its depthwise law's terms
     (``prior_fit.fit_depthwise(stride=True)``) on top of its section's options, for a kind whose shipped
@@ -365,7 +370,9 @@ CPU_REFIT_OPTIONS = {
     "depthwise_stride": "the depthwise law has the stride among its terms",
     "depthwise_floor": "the depthwise law never prices a kernel faster than its fastest fitted one,",
     "attention_law": "fused attention priced by the costs of its kernel's loops",
-    "depthwise_paths": "depthwise convolutions priced by a law per kernel path"}
+    "depthwise_paths": "depthwise convolutions priced by a law per kernel path",
+    "conv_blocks": "the dense convolutions' law with costs per weight element per call and per multiply-add "
+                   "of channels not in whole blocks"}
 """What ``prior_refit`` says of each option it adds to a CPU kind's refit (``Budget``'s flags of that name)."""
 
 
@@ -373,15 +380,17 @@ def prior_refit(data_dirs, log, strict: bool = False, transfer: str = "nearest",
                 mode: str = "ceilings", depthwise_law: bool = True, as_shipped: bool = False,
                 slow_conv_law: tuple[str, ...] = (), profiler_cost: bool = False,
                 depthwise_stride: bool = False, depthwise_floor: bool = False,
-                attention_law: bool = False, depthwise_paths: bool = False) -> PriorRefit | None:
+                attention_law: bool = False, depthwise_paths: bool = False,
+                conv_blocks: bool = False) -> PriorRefit | None:
     """``PriorRefit`` for the folders of ``data_dirs`` whose records have per-op profiles, GPU or CPU (None
     when there is none); with ``as_shipped`` each refitted with its shipped section's curve options; a CPU
     kind's dense convolutions of the ``slow_conv_law`` dtypes priced by the additive shape law besides
     (``Budget.slow_conv_law``), its node seconds less the profiler's cost with ``profiler_cost``
     (``Budget.profiler_cost``), the stride in its depthwise law with ``depthwise_stride``
     (``Budget.depthwise_stride``), a floor under that law with ``depthwise_floor`` (``Budget.depthwise_floor``),
-    fused attention priced by its law with ``attention_law`` (``Budget.attention_law``) and depthwise
-    convolutions by their law per path with ``depthwise_paths`` (``Budget.depthwise_paths``)."""
+    fused attention priced by its law with ``attention_law`` (``Budget.attention_law``), depthwise
+    convolutions by their law per path with ``depthwise_paths`` (``Budget.depthwise_paths``) and the dense
+    convolutions' law with its channel-block costs with ``conv_blocks`` (``Budget.conv_blocks``)."""
     from gnn_ptp import descriptor, node_labels, prior
 
     seconds, descriptors, options = {}, {}, {}
@@ -405,7 +414,7 @@ def prior_refit(data_dirs, log, strict: bool = False, transfer: str = "nearest",
                 "additive shape law in every fold")
         asked = {"profiler_cost": profiler_cost, "depthwise_stride": depthwise_stride,
                  "depthwise_floor": depthwise_floor, "attention_law": attention_law,
-                 "depthwise_paths": depthwise_paths}
+                 "depthwise_paths": depthwise_paths, "conv_blocks": conv_blocks}
         for key, on in asked.items():  # each on top of the section's options, on a CPU kind only
             if on and desc.kind == "cpu":
                 options.setdefault(desc.name, {})[key] = True
@@ -710,7 +719,7 @@ def run(protocol: str, data_dirs, config=None, budget: Budget = Budget(), log=No
     refit = (prior_refit(data_dirs, log, strict, budget.hardware_transfer, budget.transfer_mode, budget.depthwise_law,
                          budget.refit_as_shipped, budget.slow_conv_law, budget.profiler_cost,
                          budget.depthwise_stride, budget.depthwise_floor, budget.attention_law,
-                         budget.depthwise_paths)
+                         budget.depthwise_paths, budget.conv_blocks)
              if budget.refit_prior else None)
     rng = np.random.default_rng(0)
     start = time.perf_counter()

@@ -315,6 +315,72 @@ def test_leave_one_family_out_in_forked_processes_scores_the_same():
     assert one["worst_family"] == "c" and prior_fit._LOFO_ARGS == ()
 
 
+def test_a_convolution_law_with_channel_blocks_prices_unaligned_channels_and_the_weight_per_call():
+    """SYNTHETIC dense bf16 convolutions whose multiply-adds cost twice as much where their input or output
+    channels are not a multiple of ``prior.CONV_CHANNEL_BLOCK`` and whose weight costs once per call (a fast
+    kernel's reorder into its blocked layout): ``fit_slow_conv(conv_blocks=True)`` recovers both, eight
+    coefficients a direction, and prices the unaligned ones by them, where the six-cost law cannot tell them
+    apart; a six-coefficient law reads the first six of the eight costs, so a section fitted before prices as
+    it did; ``prior.slow_conv_terms`` reads both costs off a traced convolution."""
+    g = torch.Generator().manual_seed(7)
+    n = 800
+    backward = torch.rand(n, generator=g) < 0.5
+    batch = torch.randint(1, 17, (n,), generator=g).double()
+    cin = 8.0 * torch.randint(1, 33, (n,), generator=g).double()  # multiples of 8: half unaligned
+    cout = 8.0 * torch.randint(1, 33, (n,), generator=g).double()
+    taps = torch.tensor([1.0, 9.0])[torch.randint(0, 2, (n,), generator=g)]
+    positions = torch.randint(4, 57, (n,), generator=g).double() ** 2
+    depth = cin * taps
+    macs = batch * positions * cout * depth * torch.where(backward, 2.0, 1.0)
+    unaligned = (cin % 16 != 0) | (cout % 16 != 0)
+    zero = torch.zeros(n, dtype=torch.float64)
+    terms = torch.stack([torch.ones(n, dtype=torch.float64), macs, zero, zero, zero,
+                         batch * (cout + cin) * positions, cout * depth, torch.where(unaligned, macs, zero)], 1)
+    costs = {"forward:bf16": [20e-6, 10e-12, 0, 0, 0, 0.4e-9, 1e-9, 10e-12],
+             "backward:bf16": [30e-6, 10e-12, 0, 0, 0, 0.6e-9, 1e-9, 10e-12]}
+    seconds = prior.slow_conv_seconds(terms, backward, ["bf16"] * n, costs) * torch.exp(
+        0.05 * torch.randn(n, generator=g, dtype=torch.float64))
+    rows = prior_fit.KernelRows(2 * macs, macs / 10, ["bf16"] * n, torch.ones(n, dtype=torch.bool),
+                                torch.zeros(n, dtype=torch.bool), ["conv"] * n, ["synthetic"] * n, seconds,
+                                None, backward, slow_conv=terms)
+    blocks = prior_fit.fit_slow_conv(rows, ("bf16",), conv_blocks=True)
+    plain = prior_fit.fit_slow_conv(rows, ("bf16",))
+    assert all(len(c) == len(prior.SLOW_CONV_TERMS) == 8 for c in blocks.values())
+    assert all(len(c) == prior.SLOW_CONV_BASE_TERMS == 6 for c in plain.values())
+    for key in costs:
+        assert blocks[key][7] == pytest.approx(10e-12, rel=0.15)  # the unaligned multiply-add's own cost
+        assert blocks[key][1] == pytest.approx(10e-12, rel=0.15)
+    for law in (blocks, plain):
+        priced = prior.slow_conv_seconds(terms, backward, ["bf16"] * n, law)
+        ratio = lambda m: float(priced[m].sum() / seconds[m].sum())  # noqa: E731
+        if law is blocks:
+            assert ratio(unaligned) == pytest.approx(1.0, abs=0.05) and ratio(~unaligned) == pytest.approx(1.0, abs=0.05)
+        else:  # one rate for both: the aligned ones over-priced, the unaligned under
+            assert ratio(~unaligned) > 1.2 and ratio(unaligned) < 0.9
+    # a law of six coefficients prices eight costs by the first six
+    six = {k: v[:6] for k, v in costs.items()}
+    torch.testing.assert_close(prior.slow_conv_seconds(terms, backward, ["bf16"] * n, six),
+                               prior.slow_conv_seconds(terms[:, :6], backward, ["bf16"] * n, six))
+
+    from conftest import py_spec
+    from gnn_ptp import graph
+    from gnn_ptp.spec import Shape
+    from gnn_ptp.trace import StepConfig, trace_step
+
+    traced = trace_step(StepConfig(py_spec("conv2", c1=16, c2=24, groups=1), Shape(2, None, 16), "bf16"))
+    tensors, _ = graph.to_tensors(traced)
+    x, x_cat = tensors["x"], tensors["x_cat"]
+    conv = torch.nonzero(x_cat[:, 1] == ops.CATEGORIES.index("conv")).flatten()
+    read = prior.slow_conv_terms(x, x_cat)[conv]
+    assert x_cat[conv, 3].tolist() == [0, 0, 1, 1]
+    second_fwd, second_bwd = read[1], read[2]  # 16 -> 24 channels, 3x3: 24 is not a multiple of 16
+    assert second_fwd[6].item() == pytest.approx(24 * 16 * 9, rel=0.02)  # weight elements, once per call
+    assert second_fwd[7].item() == pytest.approx(second_fwd[1].item())
+    assert second_bwd[7].item() == pytest.approx(second_bwd[1].item())
+    first_fwd = read[0]  # 3 -> 16 channels: the input's 3 are not a multiple of 16 either
+    assert first_fwd[7].item() == pytest.approx(first_fwd[1].item())
+
+
 def test_slow_path_convolutions_get_a_sum_of_costs_in_their_shape():
     """SYNTHETIC bf16 convolutions whose time is a known sum of per-call, per-multiply-add, per weight element
     per sample and per im2col element costs (as torch's one-sample-at-a-time ``slow_conv2d`` on a CPU without
@@ -593,7 +659,8 @@ def test_section_options_read_how_a_shipped_section_was_fitted():
                                                        "slow_conv": (), "depthwise_probes": False,
                                                        "step_weights": False, "profiler_cost": False,
                                                        "depthwise_stride": False, "depthwise_floor": False,
-                                                       "attention_law": False, "depthwise_paths": False}
+                                                       "attention_law": False, "depthwise_paths": False,
+                                                       "conv_blocks": False}
     # a depthwise law of five coefficients (no stride term) is not a stride law
     assert not prior_fit.section_options({"gemm": {}, "depthwise": {"backward:bf16": [0.0] * 5}})["depthwise_stride"]
     full = {"vector_fraction": {"norm": 0.5}, "memory_fraction": {"copy:fp32": 1.0}, "channel_ramp": {"x": [1, 1]},
@@ -609,7 +676,10 @@ def test_section_options_read_how_a_shipped_section_was_fitted():
                                                "layout_levels": True, "slow_conv": ("bf16",), "depthwise_probes": True,
                                                "step_weights": True, "profiler_cost": True,
                                                "depthwise_stride": True, "depthwise_floor": True,
-                                               "attention_law": True, "depthwise_paths": True}
+                                               "attention_law": True, "depthwise_paths": True,
+                                               "conv_blocks": False}
+    # a dense convolutions' law of eight coefficients was fitted with its channel-block costs
+    assert prior_fit.section_options({"gemm": {}, "slow_conv": {"forward:bf16": [0.0] * 8}})["conv_blocks"]
     table = prior.calibration()
     assert prior_fit.section_options(table["cpu"])["vector_by_category"]  # per-category since the 19th session
     assert prior_fit.section_options(table["cpu-amd-epyc-family-26-model-2"])["memory_by_category"]
