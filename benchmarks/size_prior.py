@@ -31,10 +31,11 @@ def price_sets(data: str, apart: list[str], labels: str, seed: int = 2, **refit_
     """Per set name ("test", then each ``apart`` folder's name) the (family, predicted ms, measured ms) of its
     steps priced by the size fold's refitted prior (``refit_kw``: ``protocol.prior_refit``'s options)."""
     quiet = lambda _: None  # noqa: E731
-    _, samples, _ = protocol.load([data], True, quiet, label=labels)
-    refit = protocol.prior_refit([data], quiet, as_shipped=True, **refit_kw)
+    refit = protocol.prior_refit([data], quiet, as_shipped=True, **refit_kw)  # before any graph is traced
     if refit is None:
-        raise UserError(f"--data {data}: no per-op profiles, no prior to refit")
+        raise UserError(f"--data {data}: no per-op profiles, no prior to refit; give a folder measured with "
+                        "--profile (datasets/cpu, datasets/cpu-<kind>)")
+    _, samples, _ = protocol.load([data], True, quiet, label=labels)
     parts = protocol.size_split(samples, seed)
     top = parts.pop("train_max_flops")
     held = {protocol.repeat_key(s) for s in samples}

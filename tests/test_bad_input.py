@@ -530,3 +530,17 @@ def test_prior_error_sources_unknown_lofo_family_is_one_line_exit_2():
     assert len(lines) == 1 and lines[0].startswith(
         f"prior_error_sources.py: error: --lofo-fold efficientnet-b7: not a family of {root / 'datasets' / 'cpu'}; "
         "allowed: bert, convnext, densenet, efficientnet, gpt2,"), r.stderr
+
+
+def test_size_prior_without_profiles_is_one_line_exit_2():
+    """benchmarks/size_prior.py --data names a folder of records without per-op profiles (a size set measured
+    with --profile none): no prior to refit, one line naming it and what to give, exit 2, before any graph is
+    traced."""
+    root = Path(__file__).resolve().parent.parent
+    folder = root / "datasets" / "cpu" / "cpu-size-fifth-2026-12-07"
+    r = subprocess.run([sys.executable, str(root / "benchmarks" / "size_prior.py"), "--data", str(folder)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stderr
+    lines = [line for line in r.stderr.strip().splitlines() if "Warning" not in line and "warnings.warn" not in line]
+    assert lines == [f"size_prior.py: error: --data {folder}: no per-op profiles, no prior to refit; give a folder "
+                     "measured with --profile (datasets/cpu, datasets/cpu-<kind>)"], r.stderr

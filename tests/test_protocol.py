@@ -926,5 +926,11 @@ def test_the_slow_conv_law_joins_a_cpu_kinds_section_options_and_not_a_gpus(monk
     refit = protocol.prior_refit(["cpu-dir", "gpu-dir"], said.append, as_shipped=True, depthwise_paths=True)
     assert refit.options["cpu-x"]["depthwise_paths"] and not refit.options["h200"]["depthwise_paths"]
     assert any("depthwise convolutions priced by a law per kernel path" in line for line in said)
+    # --conv-blocks joins a CPU kind's options (its dense convolutions' law gets the channel-block costs), not a GPU's
+    refit = protocol.prior_refit(["cpu-dir", "gpu-dir"], said.append, as_shipped=True, conv_blocks=True)
+    assert refit.options["cpu-x"]["conv_blocks"] and not refit.options["h200"]["conv_blocks"]
+    assert refit.options["cpu-x"]["slow_conv"] == ("fp32",)  # the section's law, now with the costs
+    assert any("per multiply-add of channels not in whole blocks" in line for line in said)
+    assert not plain.options["cpu-x"]["conv_blocks"]
     with pytest.raises(UserError, match="protocol slow_conv_law dtype 'bf61': allowed: fp32, bf16; did you mean 'bf16'"):
         protocol.Budget(slow_conv_law=("bf61",))
