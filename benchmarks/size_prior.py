@@ -8,7 +8,8 @@ The prior is refitted to the size fold's smaller half (``protocol.size_split``, 
 data's shipped section's options, as ``evaluate --protocol size`` refits it; the split does not depend on the seed,
 only its validation part does, and the prior is fitted to both), then every test step and every step of an
 ``--apart`` folder with at least ``protocol.SIZE_FACTOR`` x the half's largest FLOPs is priced (a configuration
-in ``--data`` or in an earlier ``--apart`` folder is left out). Prints the step MAPE per set and each family's
+in ``--data`` or in an earlier ``--apart`` folder is left out, as ``protocol.load_fresh`` leaves it out of
+``--fresh-data``). Prints the step MAPE per set and each family's
 median predicted / measured per set. Not a score: a form is scored by declared runs on a set measured after it
 was declared (README *Protocol*).
 """
@@ -38,13 +39,10 @@ def price_sets(data: str, apart: list[str], labels: str, seed: int = 2, **refit_
     _, samples, _ = protocol.load([data], True, quiet, label=labels)
     parts = protocol.size_split(samples, seed)
     top = parts.pop("train_max_flops")
-    held = {protocol.repeat_key(s) for s in samples}
-    seen: set[str] = set()
     also, where = [], []
-    for folder in apart:
-        _, theirs, _ = protocol.load([folder], True, quiet, label=labels)
-        tested = [s for s in protocol.fresh_tests(theirs, top) if protocol.repeat_key(s) not in held and s.key not in seen]
-        seen |= {s.key for s in tested}
+    for i, folder in enumerate(apart):  # as --fresh-data with the earlier folders as --seen-data
+        fresh = protocol.load_fresh(folder, samples, True, quiet, False, labels, seen_dirs=apart[:i])
+        tested = protocol.fresh_tests(fresh["samples"], top)
         also += tested
         where += [Path(folder).name] * len(tested)
     refit.apply({**parts, "also": also})
