@@ -74,6 +74,10 @@ def main() -> None:
     ap.add_argument("--conv-blocks", action="store_true",
                     help="the dense convolutions' law with its channel-block costs (evaluate --conv-blocks)")
     args = ap.parse_args()
+    for folder in args.apart:  # before the minutes --data's graphs and fit take
+        if not Path(folder).is_dir():
+            raise UserError(f"--apart {folder}: no such folder; give a folder of records measured apart "
+                            "(datasets/cpu/cpu-size-*)")
     print_table(price_sets(args.data, args.apart, args.labels, args.seed, conv_blocks=args.conv_blocks))
 
 

@@ -535,7 +535,7 @@ def test_prior_error_sources_unknown_lofo_family_is_one_line_exit_2():
 def test_size_prior_without_profiles_is_one_line_exit_2():
     """benchmarks/size_prior.py --data names a folder of records without per-op profiles (a size set measured
     with --profile none): no prior to refit, one line naming it and what to give, exit 2, before any graph is
-    traced."""
+    traced; an --apart folder that does not exist is one line too, before --data is read."""
     root = Path(__file__).resolve().parent.parent
     folder = root / "datasets" / "cpu" / "cpu-size-fifth-2026-12-07"
     r = subprocess.run([sys.executable, str(root / "benchmarks" / "size_prior.py"), "--data", str(folder)],
@@ -544,3 +544,8 @@ def test_size_prior_without_profiles_is_one_line_exit_2():
     lines = [line for line in r.stderr.strip().splitlines() if "Warning" not in line and "warnings.warn" not in line]
     assert lines == [f"size_prior.py: error: --data {folder}: no per-op profiles, no prior to refit; give a folder "
                      "measured with --profile (datasets/cpu, datasets/cpu-<kind>)"], r.stderr
+    r = subprocess.run([sys.executable, str(root / "benchmarks" / "size_prior.py"), "--apart", "no-such-set"],
+                       capture_output=True, text=True, timeout=300)
+    lines = [line for line in r.stderr.strip().splitlines() if "Warning" not in line and "warnings.warn" not in line]
+    assert r.returncode == 2 and lines == ["size_prior.py: error: --apart no-such-set: no such folder; give a folder "
+                                           "of records measured apart (datasets/cpu/cpu-size-*)"], r.stderr
