@@ -2,7 +2,7 @@
 development check of a prior form on seen sets, in minutes rather than the protocol's GNN training.
 
     python benchmarks/size_prior.py --data datasets/cpu --labels fastest \
-        --apart datasets/cpu/cpu-size-third-2026-12-07 --apart datasets/cpu/cpu-size-fourth-2026-12-07 [--conv-blocks]
+        --apart datasets/cpu/cpu-size-third-2026-12-07 --apart datasets/cpu/cpu-size-fourth-2026-12-07 [--conv-blocks] [--attention-law]
 
 The prior is refitted to the size fold's smaller half (``protocol.size_split``, ``protocol.prior_refit`` with the
 data's shipped section's options, as ``evaluate --protocol size`` refits it; the split does not depend on the seed,
@@ -73,12 +73,16 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=2, help="the size fold's seed (its validation part only)")
     ap.add_argument("--conv-blocks", action="store_true",
                     help="the dense convolutions' law with its channel-block costs (evaluate --conv-blocks)")
+    ap.add_argument("--attention-law", action="store_true",
+                    help="fused attention priced by its kernel's loops (evaluate --attention-law), on top of the "
+                         "section's options")
     args = ap.parse_args()
     for folder in args.apart:  # before the minutes --data's graphs and fit take
         if not Path(folder).is_dir():
             raise UserError(f"--apart {folder}: no such folder; give a folder of records measured apart "
                             "(datasets/cpu/cpu-size-*)")
-    print_table(price_sets(args.data, args.apart, args.labels, args.seed, conv_blocks=args.conv_blocks))
+    print_table(price_sets(args.data, args.apart, args.labels, args.seed, conv_blocks=args.conv_blocks,
+                           attention_law=args.attention_law))
 
 
 if __name__ == "__main__":
