@@ -934,3 +934,27 @@ def test_the_slow_conv_law_joins_a_cpu_kinds_section_options_and_not_a_gpus(monk
     assert not plain.options["cpu-x"]["conv_blocks"]
     with pytest.raises(UserError, match="protocol slow_conv_law dtype 'bf61': allowed: fp32, bf16; did you mean 'bf16'"):
         protocol.Budget(slow_conv_law=("bf61",))
+
+
+def test_size_prior_passes_its_form_options_to_the_refit(monkeypatch):
+    """benchmarks/size_prior.py's --conv-blocks and --attention-law reach ``protocol.prior_refit`` (on top of the
+    section's options, as ``evaluate --protocol size`` passes them), each only when given."""
+    from conftest import benchmark_module
+
+    import sys
+
+    module = benchmark_module("size_prior")
+    asked = []
+
+    def refit(data_dirs, log, **kw):  # no profiles: price_sets stops with its one line, after the call
+        asked.append(kw)
+        return None
+
+    monkeypatch.setattr(module.protocol, "prior_refit", refit)
+    for argv, want in ((["--attention-law"], {"conv_blocks": False, "attention_law": True}),
+                       (["--conv-blocks"], {"conv_blocks": True, "attention_law": False}),
+                       ([], {"conv_blocks": False, "attention_law": False})):
+        monkeypatch.setattr(sys, "argv", ["size_prior.py", "--data", "datasets/cpu", *argv])
+        with pytest.raises(UserError, match="no per-op profiles"):
+            module.main()
+        assert asked[-1] == {"as_shipped": True, **want}
