@@ -939,9 +939,9 @@ def test_the_slow_conv_law_joins_a_cpu_kinds_section_options_and_not_a_gpus(monk
 def test_size_prior_passes_its_form_options_to_the_refit(monkeypatch):
     """benchmarks/size_prior.py's --conv-blocks and --attention-law reach ``protocol.prior_refit`` (on top of the
     section's options, as ``evaluate --protocol size`` passes them), each only when given."""
-    from conftest import benchmark_module
-
     import sys
+
+    from conftest import benchmark_module
 
     module = benchmark_module("size_prior")
     asked = []
