@@ -710,6 +710,10 @@ def main() -> None:
                          "call and one per multiply-add of a convolution whose channels are not multiples of 16 "
                          "(prior.CONV_CHANNEL_BLOCK, prior_fit.fit_slow_conv(conv_blocks=True)); the section's law "
                          "has eight coefficients")
+    ap.add_argument("--matmul-cap", action="store_true",
+                    help="with --profiles on a CPU kind: each matmul curve holds at most the fastest fraction of its "
+                         "ceiling it reaches on the kernels it is fitted to (prior.Curve.fraction_max, "
+                         "prior_fit.fit_device(matmul_cap=True)); the section's matmul curves carry it")
     ap.add_argument("--labels", default="mean", choices=("mean", "fastest"),
                     help="with --profiles: the timed steps the host costs are fitted to and scored on, labelled "
                          "by the mean of each configuration's records (default) or by its fastest record (the "
@@ -768,6 +772,7 @@ def main() -> None:
               **({"attention_law": True} if args.attention_law else {}),
               **({"depthwise_paths": True} if args.depthwise_paths else {}),
               **({"conv_blocks": True} if args.conv_blocks else {}),
+              **({"matmul_cap": True} if args.matmul_cap else {}),
               **(KERNEL_CLASSES if args.kernel_classes else {})}
         if args.lofo_only:
             _, e = fit_profiles_lofo(args.profiles, score_only=True, jobs=args.jobs, labels=args.labels, **kw)

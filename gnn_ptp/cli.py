@@ -312,7 +312,7 @@ PROTOCOL_ONLY = {"config": None, "epochs": None, "patience": None, "families": N
                  "transfer_mode": "split", "no_depthwise_law": False, "refit_per_category": False, "slow_conv_law": None,
                  "labels": None, "profiler_cost": False, "depthwise_stride": False, "fresh_data": None,
                  "depthwise_floor": False, "attention_law": False, "depthwise_paths": False, "seen_data": None,
-                 "conv_blocks": False}
+                 "conv_blocks": False, "matmul_cap": False}
 """``evaluate``'s options that only a --protocol run reads, with their defaults."""
 
 
@@ -398,6 +398,11 @@ def add_evaluate_parser(sub) -> None:
                         "and one per multiply-add of a convolution whose channels are not multiples of 16 "
                         "(prior_fit.fit_slow_conv(conv_blocks=True)), besides its section's options; default: as "
                         "the kind's shipped section does")
+    g.add_argument("--matmul-cap", action="store_true",
+                   help="CPU data with per-op profiles: the prior refitted in every fold holds each matmul curve at "
+                        "most at the fastest fraction of its ceiling it reaches on the fold's training kernels "
+                        "(prior_fit.fit_device(matmul_cap=True)), besides its section's options; default: as the "
+                        "kind's shipped section does")
     g.add_argument("--refit-per-category", action="store_true",
                    help="data with per-op profiles: the prior refitted in every fold takes per-category vector "
                         "and bandwidth curves and no batch-norm ramp, as before 2026-11-26's eighteenth session, "
@@ -484,6 +489,7 @@ def run_protocol(args) -> int:
                     labels=args.labels, profiler_cost=args.profiler_cost, depthwise_stride=args.depthwise_stride,
                     depthwise_floor=args.depthwise_floor, attention_law=args.attention_law,
                     depthwise_paths=args.depthwise_paths, conv_blocks=args.conv_blocks,
+                    matmul_cap=args.matmul_cap,
                     slow_conv_law=tuple(d.strip() for d in (args.slow_conv_law or "").split(",") if d.strip()))
     result = run(args.protocol, args.data, args.config, budget, strict=args.strict, fresh_dir=args.fresh_data,
                  seen_dirs=tuple(args.seen_data or ()))

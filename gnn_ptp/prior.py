@@ -102,6 +102,11 @@ class Curve:
     size_max: float = 0.0
     """The largest size the curve was fitted on, beyond which it holds the fraction it reaches there (0: the
     ramp extrapolates; ``prior_fit.fit_device(bounded_layout_curves=True)`` sets it on per-layout curves)."""
+    fraction_max: float = 0.0
+    """The largest fraction the curve gives (0: none): the fastest fraction of its ceiling it reached on the
+    kernels it was fitted to (``prior_fit.fit_device(matmul_cap=True)`` sets it on a CPU's matmul curves), so
+    that its size and intensity ramps, whose peak fraction a fit may put far above anything it saw, never price
+    a larger kernel faster than that."""
 
     def __call__(self, size: torch.Tensor, intensity: torch.Tensor | None = None) -> torch.Tensor:
         size = size.clamp_min(1.0)
@@ -113,13 +118,15 @@ class Curve:
             out = self.peak_fraction / (1.0 + (self.half_size / size) ** self.slope)
         if self.intensity_half > 0 and intensity is not None:
             out = out / (1.0 + (self.intensity_half / intensity.clamp_min(1e-3)) ** self.intensity_slope)
+        if self.fraction_max > 0:
+            out = out.clamp_max(self.fraction_max)
         return out
 
     @classmethod
     def from_dict(cls, d: dict) -> "Curve":
         return cls(float(d["peak_fraction"]), float(d.get("half_size", 0.0)), float(d.get("slope", 1.0)),
                    float(d.get("intensity_half", 0.0)), float(d.get("intensity_slope", 1.0)),
-                   float(d.get("size_max", 0.0)))
+                   float(d.get("size_max", 0.0)), float(d.get("fraction_max", 0.0)))
 
 
 @dataclass(frozen=True)

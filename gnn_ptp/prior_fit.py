@@ -423,7 +423,8 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
                bounded_layout_curves: bool = False, layout_levels: bool = False,
                slow_conv: tuple[str, ...] = (), depthwise_probes: bool = False,
                step_weights: bool = False, depthwise_stride: bool = False, depthwise_floor: bool = False,
-               attention_law: bool = False, depthwise_paths: bool = False, conv_blocks: bool = False) -> dict:
+               attention_law: bool = False, depthwise_paths: bool = False, conv_blocks: bool = False,
+               matmul_cap: bool = False) -> dict:
     """Curves (``prior.Curve`` dicts) for GEMM-like kernels per category and dtype (``by_category``; else per
     dtype), other compute ("vector"), memory traffic, and the device floor in seconds, fitted to ``rows``.
     With ``intensity`` the compute curves also ramp with arithmetic intensity; with ``vector_by_category``
@@ -485,7 +486,10 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
     its kernel's loops (``fit_attention``, ``prior.Profile.attention``), fitted to every such row; the curves
     are fitted as without it. With ``depthwise_paths`` each direction and dtype of depthwise-like
     convolutions also gets a law per kernel path (``fit_depthwise_paths``, ``prior.Profile.depthwise_paths``),
-    which prices them in place of the power law."""
+    which prices them in place of the power law. With ``matmul_cap`` each matmul curve holds at most the
+    fraction of its ceiling it reaches on the kernels it was fitted to (``prior.Curve.fraction_max``): on a CPU
+    its peak fraction may sit far above anything measured (2.2 for the first kind's bf16 matmuls, whose fastest
+    fitted kernels reach 1.1), and a larger kernel's size and intensity would climb the ramps toward it."""
     slow = fit_slow_conv(rows, tuple(slow_conv), fresh, conv_blocks)
     fit_fresh = bool(fresh) and fresh.get("s_per_byte") is None
     probed = depthwise_probes and bool(hw.depthwise_probe_s)
@@ -569,6 +573,12 @@ def fit_device(rows: KernelRows, hw: Hardware, steps: int = 1500, by_category: b
             for n in gemm:
                 if prior.LAYOUT_MARK in n:
                     gemm[n]["size_max"] = float(rows.flops[masks[n]].max())
+        if matmul_cap:  # the fastest fraction each matmul curve gives a kernel it was fitted to
+            intensity = _intensity(rows, conv_intensity)
+            for n in gemm:
+                if n.split(":")[0].split(prior.LAYOUT_MARK)[0] == "matmul" and n in masks:
+                    m = masks[n]
+                    gemm[n]["fraction_max"] = float(prior.Curve.from_dict(gemm[n])(rows.flops[m], intensity[m]).max())
         out = {"gemm": gemm, "memory": curve(params["memory"]),
                "vector": curve(params["vector"]) if "vector" in params else {"peak_fraction": 1.0},
                "device_floor_s": float(torch.exp(params["floor"]))}
@@ -1098,7 +1108,8 @@ def section_options(section: dict) -> dict:
                                     for c in section.get("depthwise", {}).values()),
             "depthwise_floor": bool(section.get("depthwise_floor")),
             "attention_law": bool(section.get("attention")),
-            "depthwise_paths": bool(section.get("depthwise_paths"))}
+            "depthwise_paths": bool(section.get("depthwise_paths")),
+            "matmul_cap": any(v.get("fraction_max", 0) > 0 for v in section.get("gemm", {}).values())}
 
 
 MAX_ROWS = 80_000

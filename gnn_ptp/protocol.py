@@ -131,6 +131,10 @@ class Budget:
     element per call and one per multiply-add of a convolution whose channels are not in whole blocks
     (``prior_fit.fit_slow_conv(conv_blocks=True)``, ``prior.CONV_CHANNEL_BLOCK``) on top of its section's
     options (where the section or ``slow_conv_law`` gives it that law). False (default): the section's."""
+    matmul_cap: bool = False
+    """A CPU kind's prior refitted in every fold holds each matmul curve at most at the fastest fraction of its
+    ceiling it gives a kernel of the fold's training steps (``prior_fit.fit_device(matmul_cap=True)``,
+    ``prior.Curve.fraction_max``) on top of its section's options. False (default): the section's."""
     depthwise_stride: bool = False
     """A CPU kind's prior refitted in every fold has the stride among its depthwise law's terms
     (``prior_fit.fit_depthwise(stride=True)``) on top of its section's options, for a kind whose shipped
@@ -372,7 +376,8 @@ CPU_REFIT_OPTIONS = {
     "attention_law": "fused attention priced by the costs of its kernel's loops",
     "depthwise_paths": "depthwise convolutions priced by a law per kernel path",
     "conv_blocks": "the dense convolutions' law with costs per weight element per call and per multiply-add "
-                   "of channels not in whole blocks"}
+                   "of channels not in whole blocks",
+    "matmul_cap": "each matmul curve held at the fastest fraction of its ceiling it reaches on the fitted kernels"}
 """What ``prior_refit`` says of each option it adds to a CPU kind's refit (``Budget``'s flags of that name)."""
 
 
@@ -381,7 +386,7 @@ def prior_refit(data_dirs, log, strict: bool = False, transfer: str = "nearest",
                 slow_conv_law: tuple[str, ...] = (), profiler_cost: bool = False,
                 depthwise_stride: bool = False, depthwise_floor: bool = False,
                 attention_law: bool = False, depthwise_paths: bool = False,
-                conv_blocks: bool = False) -> PriorRefit | None:
+                conv_blocks: bool = False, matmul_cap: bool = False) -> PriorRefit | None:
     """``PriorRefit`` for the folders of ``data_dirs`` whose records have per-op profiles, GPU or CPU (None
     when there is none); with ``as_shipped`` each refitted with its shipped section's curve options; a CPU
     kind's dense convolutions of the ``slow_conv_law`` dtypes priced by the additive shape law besides
@@ -390,7 +395,8 @@ def prior_refit(data_dirs, log, strict: bool = False, transfer: str = "nearest",
     (``Budget.depthwise_stride``), a floor under that law with ``depthwise_floor`` (``Budget.depthwise_floor``),
     fused attention priced by its law with ``attention_law`` (``Budget.attention_law``), depthwise
     convolutions by their law per path with ``depthwise_paths`` (``Budget.depthwise_paths``) and the dense
-    convolutions' law with its channel-block costs with ``conv_blocks`` (``Budget.conv_blocks``)."""
+    convolutions' law with its channel-block costs with ``conv_blocks`` (``Budget.conv_blocks``) and each matmul
+    curve held at the fastest fraction it reaches on its fitted kernels with ``matmul_cap`` (``Budget.matmul_cap``)."""
     from gnn_ptp import descriptor, node_labels, prior
 
     seconds, descriptors, options = {}, {}, {}
@@ -414,7 +420,7 @@ def prior_refit(data_dirs, log, strict: bool = False, transfer: str = "nearest",
                 "additive shape law in every fold")
         asked = {"profiler_cost": profiler_cost, "depthwise_stride": depthwise_stride,
                  "depthwise_floor": depthwise_floor, "attention_law": attention_law,
-                 "depthwise_paths": depthwise_paths, "conv_blocks": conv_blocks}
+                 "depthwise_paths": depthwise_paths, "conv_blocks": conv_blocks, "matmul_cap": matmul_cap}
         for key, on in asked.items():  # each on top of the section's options, on a CPU kind only
             if on and desc.kind == "cpu":
                 options.setdefault(desc.name, {})[key] = True
@@ -719,7 +725,7 @@ def run(protocol: str, data_dirs, config=None, budget: Budget = Budget(), log=No
     refit = (prior_refit(data_dirs, log, strict, budget.hardware_transfer, budget.transfer_mode, budget.depthwise_law,
                          budget.refit_as_shipped, budget.slow_conv_law, budget.profiler_cost,
                          budget.depthwise_stride, budget.depthwise_floor, budget.attention_law,
-                         budget.depthwise_paths, budget.conv_blocks)
+                         budget.depthwise_paths, budget.conv_blocks, budget.matmul_cap)
              if budget.refit_prior else None)
     rng = np.random.default_rng(0)
     start = time.perf_counter()

@@ -660,7 +660,7 @@ def test_section_options_read_how_a_shipped_section_was_fitted():
                                                        "step_weights": False, "profiler_cost": False,
                                                        "depthwise_stride": False, "depthwise_floor": False,
                                                        "attention_law": False, "depthwise_paths": False,
-                                                       "conv_blocks": False}
+                                                       "conv_blocks": False, "matmul_cap": False}
     # a depthwise law of five coefficients (no stride term) is not a stride law
     assert not prior_fit.section_options({"gemm": {}, "depthwise": {"backward:bf16": [0.0] * 5}})["depthwise_stride"]
     full = {"vector_fraction": {"norm": 0.5}, "memory_fraction": {"copy:fp32": 1.0}, "channel_ramp": {"x": [1, 1]},
@@ -677,9 +677,11 @@ def test_section_options_read_how_a_shipped_section_was_fitted():
                                                "step_weights": True, "profiler_cost": True,
                                                "depthwise_stride": True, "depthwise_floor": True,
                                                "attention_law": True, "depthwise_paths": True,
-                                               "conv_blocks": False}
+                                               "conv_blocks": False, "matmul_cap": False}
     # a dense convolutions' law of eight coefficients was fitted with its channel-block costs
     assert prior_fit.section_options({"gemm": {}, "slow_conv": {"forward:bf16": [0.0] * 8}})["conv_blocks"]
+    # a matmul curve with a largest fraction was fitted with the cap
+    assert prior_fit.section_options({"gemm": {"matmul:bf16": {"fraction_max": 1.1}}})["matmul_cap"]
     table = prior.calibration()
     assert prior_fit.section_options(table["cpu"])["vector_by_category"]  # per-category since the 19th session
     assert prior_fit.section_options(table["cpu-amd-epyc-family-26-model-2"])["memory_by_category"]
@@ -1762,3 +1764,36 @@ def test_a_bounded_layout_curve_holds_its_fraction_beyond_the_largest_kernel_it_
     edge = torch.tensor([float(flops.max())], dtype=torch.float64)
     assert torch.allclose(held_curve(big), held_curve(edge))
     assert free_curve(big).item() > 1.2 * held_curve(big).item()  # the free ramp kept rising
+
+
+def test_a_capped_matmul_curve_never_prices_a_kernel_faster_than_its_fastest_fitted_one():
+    """SYNTHETIC bf16 matmuls of 1e6-1e8 FLOPs on a ramp still rising at 1e8: fitted with ``matmul_cap`` the
+    matmul curve records the fastest fraction it gives a fitted kernel (``Curve.fraction_max``) and prices a
+    1e11-FLOP one at it, where the free curve climbs its ramp toward a peak fraction above anything fitted;
+    inside the fitted range both price alike, and the cap survives a section's round trip
+    (``section_options``) and a profile's (``profile_from_dict``)."""
+    truth = {"gemm": {"matmul:bf16": {"peak_fraction": 0.5, "half_size": 1e9, "slope": 0.5}},
+             "vector": {"peak_fraction": 1.0}, "memory": {"peak_fraction": 100.0}, "launch_floor_s": 1e-6}
+    g = torch.Generator().manual_seed(9)
+    n = 1500
+    flops = 10 ** (6 + 2 * torch.rand(n, generator=g, dtype=torch.float64))
+    rows = prior_fit.KernelRows(flops, flops ** (2 / 3) * 6, ["bf16"] * n, torch.ones(n, dtype=torch.bool),
+                                torch.ones(n, dtype=torch.bool), ["matmul"] * n, ["synthetic"] * n,
+                                torch.zeros(n, dtype=torch.float64))
+    rows.seconds = prior_fit._prior_seconds(rows, prior.profile_from_dict(CPU, truth))
+    free = prior_fit.fit_device(rows, CPU, steps=800, intensity=False)
+    held = prior_fit.fit_device(rows, CPU, steps=800, intensity=False, matmul_cap=True)
+    assert "fraction_max" not in free["gemm"]["matmul:bf16"]
+    assert not prior_fit.section_options(free)["matmul_cap"]
+    assert prior_fit.section_options(held)["matmul_cap"]
+    free_curve = prior.Curve.from_dict(free["gemm"]["matmul:bf16"])
+    held_curve = prior.Curve.from_dict(held["gemm"]["matmul:bf16"])
+    top = held["gemm"]["matmul:bf16"]["fraction_max"]
+    assert top == pytest.approx(float(free_curve(flops).max()), rel=0.05)  # the fastest fitted kernel's
+    inside = torch.tensor([1e7], dtype=torch.float64)
+    assert torch.allclose(free_curve(inside), held_curve(inside), rtol=0.05)
+    beyond = torch.tensor([1e11], dtype=torch.float64)
+    assert float(held_curve(beyond)) == pytest.approx(top)
+    assert float(free_curve(beyond)) > 1.2 * top  # the free ramp keeps rising
+    priced = prior.profile_from_dict(CPU, {**truth, "gemm": held["gemm"]})
+    assert priced.gemm_curve("bf16").fraction_max == pytest.approx(top)

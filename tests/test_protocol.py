@@ -932,13 +932,18 @@ def test_the_slow_conv_law_joins_a_cpu_kinds_section_options_and_not_a_gpus(monk
     assert refit.options["cpu-x"]["slow_conv"] == ("fp32",)  # the section's law, now with the costs
     assert any("per multiply-add of channels not in whole blocks" in line for line in said)
     assert not plain.options["cpu-x"]["conv_blocks"]
+    # --matmul-cap joins a CPU kind's options (its matmul curves held at their fastest fitted fraction), not a GPU's
+    refit = protocol.prior_refit(["cpu-dir", "gpu-dir"], said.append, as_shipped=True, matmul_cap=True)
+    assert refit.options["cpu-x"]["matmul_cap"] and not refit.options["h200"]["matmul_cap"]
+    assert any("each matmul curve held at the fastest fraction" in line for line in said)
+    assert not plain.options["cpu-x"]["matmul_cap"]
     with pytest.raises(UserError, match="protocol slow_conv_law dtype 'bf61': allowed: fp32, bf16; did you mean 'bf16'"):
         protocol.Budget(slow_conv_law=("bf61",))
 
 
 def test_size_prior_passes_its_form_options_to_the_refit(monkeypatch):
-    """benchmarks/size_prior.py's --conv-blocks and --attention-law reach ``protocol.prior_refit`` (on top of the
-    section's options, as ``evaluate --protocol size`` passes them), each only when given."""
+    """benchmarks/size_prior.py's --conv-blocks, --attention-law and --matmul-cap reach ``protocol.prior_refit`` (on
+    top of the section's options, as ``evaluate --protocol size`` passes them), each only when given."""
     import sys
 
     from conftest import benchmark_module
@@ -951,9 +956,11 @@ def test_size_prior_passes_its_form_options_to_the_refit(monkeypatch):
         return None
 
     monkeypatch.setattr(module.protocol, "prior_refit", refit)
-    for argv, want in ((["--attention-law"], {"conv_blocks": False, "attention_law": True}),
-                       (["--conv-blocks"], {"conv_blocks": True, "attention_law": False}),
-                       ([], {"conv_blocks": False, "attention_law": False})):
+    off = {"conv_blocks": False, "attention_law": False, "matmul_cap": False}
+    for argv, want in ((["--attention-law"], {**off, "attention_law": True}),
+                       (["--conv-blocks"], {**off, "conv_blocks": True}),
+                       (["--matmul-cap"], {**off, "matmul_cap": True}),
+                       ([], off)):
         monkeypatch.setattr(sys, "argv", ["size_prior.py", "--data", "datasets/cpu", *argv])
         with pytest.raises(UserError, match="no per-op profiles"):
             module.main()
