@@ -48,6 +48,8 @@ def _efficiency(curve: dict, size: float, intensity: float | None = None) -> flo
     out = curve["peak_fraction"] / (1 + (curve.get("half_size", 0) / size) ** curve.get("slope", 1.0))
     if intensity is not None and curve.get("intensity_half"):
         out /= 1 + (curve["intensity_half"] / intensity) ** curve.get("intensity_slope", 1.0)
+    if curve.get("fraction_max"):  # a matmul curve held at its fastest fitted fraction (Curve.fraction_max)
+        out = min(out, curve["fraction_max"])
     return out
 
 

@@ -66,7 +66,7 @@ RUN = {
     # (an exact recompute of its predictions on its stored split; traces the 33 held-out configurations on a
     # cold cache, ~1-2 minutes on 2 cores)
     "gnn-ptp evaluate --checkpoint checkpoints/cpu --data datasets/cpu": [
-        "gnn (precision-aware)         7.9%", "ridge on graph totals        20.1%"],
+        "gnn (precision-aware)         6.7%", "ridge on graph totals        20.1%"],
     # the same for the H200 checkpoint (162 held-out configurations traced on a cold cache, ~2-4 minutes)
     "gnn-ptp evaluate --checkpoint checkpoints/h200 --data datasets/h200": [
         "gnn (precision-aware)        14.5%", "gnn, precision-unaware       27.3%"],
