@@ -214,6 +214,7 @@ def measure(config: dict, device: torch.device, cfg: CollectConfig, ddp: dict | 
         if device.type == "cuda":
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(device)
+        fresh_before = host_probe.fresh_fill(device)  # before the peak is reset: its buffers are no step's
         baseline_rss = _reset_cpu_peak()
         workload = build(spec, shape, device, precision.param_dtype)
         model = workload.model
@@ -283,6 +284,9 @@ def measure(config: dict, device: torch.device, cfg: CollectConfig, ddp: dict | 
             rss = result["memory"]
             result["memory"] = {**rss, "rss_peak_growth_bytes": rss["peak_bytes"],
                                 **_profiled_cpu_peak(model, optimizer, workload, step)}
+        if "host_probe" in result:  # after the memory label, which its buffers would raise
+            result["host_probe"] = host_probe.with_fresh(result["host_probe"], fresh_before,
+                                                         host_probe.fresh_fill(device))
         result["collector"] = {"build_s": round(built - start, 4), "overhead_s": round(overhead_s, 4),
                                "timed_s": round(timed_s, 4)}
     except KeyboardInterrupt:

@@ -191,6 +191,7 @@ def measure_record(workload, config: dict, device: torch.device, cfg: CollectCon
     try:
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
+        fresh_before = host_probe.fresh_fill(device)  # before the peak is reset: its buffers are no step's
         baseline_rss = _reset_cpu_peak() if device.type == "cpu" else 0
         optimizer = make_optimizer(config["optimizer"], model.parameters())
         scaler = torch.amp.GradScaler(device.type) if precision.grad_scaler else None
@@ -246,6 +247,9 @@ def measure_record(workload, config: dict, device: torch.device, cfg: CollectCon
         if not finite:
             result["flags"].append("nonfinite_loss")
         result["memory"] = memory_label(device, baseline_rss)
+        if "host_probe" in result:  # after the memory label, which its buffers would raise
+            result["host_probe"] = host_probe.with_fresh(result["host_probe"], fresh_before,
+                                                         host_probe.fresh_fill(device))
         result["collector"] = {"mode": "harvest", "timed_s": round(timed_s, 4), "profile_s": round(profile_s, 4)}
     except KeyboardInterrupt:
         raise

@@ -14,15 +14,31 @@ median of bursts shorter than a time slice would not. The collector measures it 
 (``record["host_probe"]``), so a record taken while the host was slow can be told from one where the model
 was, and a model of host costs can be fitted per record rather than per loan. It costs 2,000 tiny ops
 (about 4 ms on a CPU, 10 ms at a GPU's launch rate) twice per record.
+
+On a CPU a second probe, ``fresh_fill``, times what a freshly mapped buffer costs to fill against a reused one
+(``FRESH_MIB``, above the size at which the allocator maps every block afresh): the page faults a step pays for
+each large output it allocates (an optimizer's ``sqrt`` and ``div`` over a 100 M-parameter layer, a convolution's
+large gradients). That cost is the machine's state, not the model's: in the VGG records of the first CPU kind
+(README *Protocol*, "Fresh allocations: a session's state, not a shape") the two allocating optimizer kernels
+over its 411 MB fp32 layer ran at 0.5-0.6 ms per MiB in one session and 2.8 ms per MiB in another, while its
+in-place kernels held within 10 %; the same 128.8 M-parameter configurations' optimizer phase moved 6.0-15.4 ns
+per fp32 parameter from session to session. The collector records it before a record's peak memory is reset and
+after its memory label is taken (``with_fresh``), so the probe's buffers never count in the label; about 25-150
+ms each time.
 """
 
 from __future__ import annotations
 
+import resource
 import time
 
 import torch
 
 OPS = 2000
+FRESH_MIB = 48
+"""The buffer ``fresh_fill`` maps afresh: above 32 MiB, glibc's largest mmap threshold (the first CPU kind's
+measured fresh-allocation threshold is 31.9 MiB, ``descriptor.measure_fresh_alloc``), so each one is a new
+mapping whose pages fault on their first write."""
 
 
 def issue_us(device: torch.device) -> float:
@@ -45,7 +61,40 @@ def issue_us(device: torch.device) -> float:
     return round(elapsed / OPS * 1e6, 3)
 
 
+def fresh_fill(device: torch.device) -> dict | None:
+    """What filling a freshly mapped ``FRESH_MIB`` buffer costs over filling a reused one of that size, per MiB:
+    ``{"ms_per_mib": ..., "faults_per_mib": ...}`` (the minor page faults the fresh fill took, 256 per MiB
+    with 4 KiB pages, fewer with huge pages); None on a GPU, whose caching allocator hands back reused
+    blocks. One timing of each: a record's state, not a benchmark."""
+    if device.type != "cpu":
+        return None
+    numel = FRESH_MIB * 2 ** 20 // 4
+    reused = torch.empty(numel)
+    reused.fill_(1.0)
+    reused.fill_(1.0)
+    start = time.perf_counter()
+    reused.fill_(1.0)
+    plain_s = time.perf_counter() - start
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    start = time.perf_counter()
+    torch.empty(numel).fill_(1.0)
+    fresh_s = time.perf_counter() - start
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+    return {"ms_per_mib": round(max(fresh_s - plain_s, 0.0) * 1e3 / FRESH_MIB, 4),
+            "faults_per_mib": round(faults / FRESH_MIB, 1)}
+
+
 def probe_fields(before_us: float, after_us: float) -> dict:
     """A record's ``host_probe``: the issue cost before and after its timed steps, and the probe's own
     definition, so records of different collector versions are not compared blindly."""
     return {"issue_us_before": before_us, "issue_us_after": after_us, "op": "add_", "ops": OPS, "stat": "mean"}
+
+
+def with_fresh(fields: dict, before: dict | None, after: dict | None) -> dict:
+    """``fields`` (a record's ``host_probe``) with ``fresh_fill`` from before the record's peak memory was reset
+    and from after its memory label was taken (its buffers are no step's; records from the fifty-third session
+    on); unchanged where either is None (a GPU)."""
+    if before is None or after is None:
+        return fields
+    return {**fields, "fresh_ms_per_mib_before": before["ms_per_mib"], "fresh_ms_per_mib_after": after["ms_per_mib"],
+            "fresh_faults_per_mib": before["faults_per_mib"], "fresh_mib": FRESH_MIB}

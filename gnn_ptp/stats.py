@@ -84,8 +84,13 @@ def host_probe_stats(rows: list[dict]) -> dict:
     before = [p["issue_us_before"] for p in probes]
     changed = sum(max(p["issue_us_before"], p["issue_us_after"]) > 1.5 * min(p["issue_us_before"], p["issue_us_after"])
                   for p in probes)
-    return {"n": len(probes), "median_us": statistics.median(before), "p10_us": _quantile(before, 0.1),
-            "p90_us": _quantile(before, 0.9), "changed_during_record": changed}
+    out = {"n": len(probes), "median_us": statistics.median(before), "p10_us": _quantile(before, 0.1),
+           "p90_us": _quantile(before, 0.9), "changed_during_record": changed}
+    fresh = [p["fresh_ms_per_mib_before"] for p in probes if p.get("fresh_ms_per_mib_before") is not None]
+    if fresh:  # a CPU's fresh-mapping cost (host_probe.fresh_fill; records from the fifty-third session on)
+        out["fresh"] = {"n": len(fresh), "median_ms_per_mib": statistics.median(fresh),
+                        "p10_ms_per_mib": _quantile(fresh, 0.1), "p90_ms_per_mib": _quantile(fresh, 0.9)}
+    return out
 
 
 def optimizer_zero_stats(rows: list[dict]) -> dict:
@@ -158,6 +163,10 @@ def format_stats(s: dict) -> str:
         lines.append(f"host issue cost (host_probe.py): n {h['n']}, median {h['median_us']:.2f} us per op, "
                      f"p10-p90 {h['p10_us']:.2f}-{h['p90_us']:.2f} us; changed > 1.5x during a record: "
                      f"{h['changed_during_record']}")
+        if h.get("fresh"):
+            f = h["fresh"]
+            lines.append(f"fresh-mapping cost (host_probe.fresh_fill): n {f['n']}, median {f['median_ms_per_mib']:.2f} "
+                         f"ms per MiB, p10-p90 {f['p10_ms_per_mib']:.2f}-{f['p90_ms_per_mib']:.2f}")
     z = s.get("optimizer_zeros") or {"n": 0}
     if z["n"]:
         worst = sorted(z["by_family"].items(), key=lambda kv: -kv[1]["median"])[:6]

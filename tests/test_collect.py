@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from gnn_ptp import cli, collect as collect_mod, records
+from gnn_ptp import cli, collect as collect_mod, host_probe, records
 from gnn_ptp.collect import CollectConfig, collect
 from gnn_ptp.errors import UserError
 from gnn_ptp.grid import load_grid
@@ -99,6 +99,10 @@ def test_collect_writes_documented_records(grid, out):
         assert r["grid"] == "tiny" and r["repeat"] is False
         assert r["collector"]["wall_s"] > 0
         assert 0 < r["host_probe"]["issue_us_before"] < 1e4 and 0 < r["host_probe"]["issue_us_after"] < 1e4
+        probe = r["host_probe"]  # the fresh-mapping cost, taken outside the memory label's window
+        assert probe["fresh_ms_per_mib_before"] >= 0 and probe["fresh_ms_per_mib_after"] >= 0
+        assert probe["fresh_faults_per_mib"] > 0 and probe["fresh_mib"] == host_probe.FRESH_MIB
+        assert r["memory"]["peak_bytes"] < host_probe.FRESH_MIB * 2 ** 20  # a tiny MLP's steps, not the probe's buffers
         assert set(r["optimizer_state"]) == {"exp_avg", "exp_avg_sq"}
         assert r["optimizer_state"]["exp_avg_sq"]["elements"] == r["params"]
     assert {(r["config"]["batch_size"], r["config"]["precision"]) for r in rows} == {

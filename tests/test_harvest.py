@@ -96,6 +96,7 @@ def test_harvest_builds_one_model_per_shape_and_sweeps_the_classes(grid, out, mo
         assert r["profile"]["file"].startswith("profiles/tiny-") and r["profile"]["events"] > 0
         probe = r["host_probe"]  # the host's issue cost around the timed steps (gnn_ptp/host_probe.py)
         assert 0 < probe["issue_us_before"] < 1e4 and 0 < probe["issue_us_after"] < 1e4 and probe["op"] == "add_"
+        assert probe["fresh_ms_per_mib_before"] >= 0 and probe["fresh_faults_per_mib"] > 0  # host_probe.fresh_fill
         moments = r["optimizer_state"]["exp_avg_sq"]  # AdamW's, counted after the timed steps
         assert moments["elements"] == r["params"] and 0 <= moments["zeros"] <= moments["elements"]
     from gnn_ptp.memory import CPU_LABEL_KIND, check_records
