@@ -86,10 +86,13 @@ def host_probe_stats(rows: list[dict]) -> dict:
                   for p in probes)
     out = {"n": len(probes), "median_us": statistics.median(before), "p10_us": _quantile(before, 0.1),
            "p90_us": _quantile(before, 0.9), "changed_during_record": changed}
-    fresh = [p["fresh_ms_per_mib_before"] for p in probes if p.get("fresh_ms_per_mib_before") is not None]
-    if fresh:  # a CPU's fresh-mapping cost (host_probe.fresh_fill; records from the fifty-third session on)
-        out["fresh"] = {"n": len(fresh), "median_ms_per_mib": statistics.median(fresh),
-                        "p10_ms_per_mib": _quantile(fresh, 0.1), "p90_ms_per_mib": _quantile(fresh, 0.9)}
+    probed = [p for p in probes if p.get("fresh_ms_per_mib_before") is not None]
+    fresh = [p["fresh_ms_per_mib_before"] for p in probed if p.get("fresh_faults_per_mib", 0) >= 1]
+    if probed:  # a CPU's fresh-mapping cost (host_probe.fresh_fill; records from the fifty-third session on)
+        out["fresh"] = {"n": len(fresh), "no_fault": len(probed) - len(fresh)}  # no fault: a reused buffer, no reading
+        if fresh:
+            out["fresh"].update(median_ms_per_mib=statistics.median(fresh), p10_ms_per_mib=_quantile(fresh, 0.1),
+                                p90_ms_per_mib=_quantile(fresh, 0.9))
     return out
 
 
@@ -163,10 +166,13 @@ def format_stats(s: dict) -> str:
         lines.append(f"host issue cost (host_probe.py): n {h['n']}, median {h['median_us']:.2f} us per op, "
                      f"p10-p90 {h['p10_us']:.2f}-{h['p90_us']:.2f} us; changed > 1.5x during a record: "
                      f"{h['changed_during_record']}")
-        if h.get("fresh"):
-            f = h["fresh"]
+        f = h.get("fresh") or {"n": 0, "no_fault": 0}
+        if f["n"]:
             lines.append(f"fresh-mapping cost (host_probe.fresh_fill): n {f['n']}, median {f['median_ms_per_mib']:.2f} "
-                         f"ms per MiB, p10-p90 {f['p10_ms_per_mib']:.2f}-{f['p90_ms_per_mib']:.2f}")
+                         f"ms per MiB, p10-p90 {f['p10_ms_per_mib']:.2f}-{f['p90_ms_per_mib']:.2f}"
+                         + (f"; {f['no_fault']} probes took no fault (a reused buffer), left out" if f["no_fault"] else ""))
+        elif f["no_fault"]:
+            lines.append(f"fresh-mapping cost (host_probe.fresh_fill): {f['no_fault']} probes, none took a fault")
     z = s.get("optimizer_zeros") or {"n": 0}
     if z["n"]:
         worst = sorted(z["by_family"].items(), key=lambda kv: -kv[1]["median"])[:6]

@@ -56,15 +56,21 @@ def test_a_busy_host_issues_slower(monkeypatch):
 
 
 def test_fresh_fill_times_the_page_faults_of_a_new_mapping(monkeypatch):
-    """A fresh ``FRESH_MIB`` buffer faults its pages in as it is filled (256 faults a MiB with 4 KiB pages, one
-    per 2 MiB huge page); handed a reused buffer instead, the same probe sees no fault and less time. A probe
-    that timed nothing of the allocation would read the same both ways."""
+    """A fresh ``FRESH_MIB`` mapping faults its pages in as it is filled (256 faults a MiB with 4 KiB pages, one
+    per 2 MiB huge page); handed a mapping already touched instead, the same probe sees no fault and less time.
+    A probe that timed nothing of the mapping would read the same both ways."""
     cpu = torch.device("cpu")
     fresh = [host_probe.fresh_fill(cpu) for _ in range(3)]
     assert all(f["faults_per_mib"] >= 0.4 for f in fresh), fresh
-    held = torch.empty(host_probe.FRESH_MIB * 2 ** 20 // 4)
-    held.fill_(0.0)
-    monkeypatch.setattr(host_probe.torch, "empty", lambda numel: held)  # every "new" buffer is the held one
+
+    new_mapping = host_probe._fresh_mapping
+
+    def touched(nbytes):
+        buf, t = new_mapping(nbytes)
+        t.fill_(0.0)  # every page faulted in before the probe's timed fill
+        return buf, t
+
+    monkeypatch.setattr(host_probe, "_fresh_mapping", touched)
     reused = [host_probe.fresh_fill(cpu) for _ in range(3)]
     assert all(r["faults_per_mib"] < 0.4 for r in reused), reused
     assert min(f["ms_per_mib"] for f in fresh) > min(r["ms_per_mib"] for r in reused), (fresh, reused)
@@ -77,7 +83,7 @@ def test_no_fresh_probe_on_a_gpu_and_fields_only_with_both():
     got = host_probe.with_fresh(fields, {"ms_per_mib": 0.5, "faults_per_mib": 256.0},
                                 {"ms_per_mib": 2.5, "faults_per_mib": 256.0})
     assert got["fresh_ms_per_mib_before"] == 0.5 and got["fresh_ms_per_mib_after"] == 2.5
-    assert got["fresh_mib"] == host_probe.FRESH_MIB and got["issue_us_before"] == 2.0
+    assert got["fresh_mib"] == host_probe.FRESH_MIB and got["issue_us_before"] == 2.0 and got["fresh_map"] == "mmap"
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

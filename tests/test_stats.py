@@ -108,12 +108,17 @@ def test_host_probe_spread_and_changes(tmp_path):
     assert "fresh" not in h and "fresh-mapping" not in format_stats(dataset_stats(folder))  # no record probed it
     r = synthetic_record("f")  # a record with the fresh-mapping probe (synthetic readings, named so)
     r["host_probe"] = {"issue_us_before": 2.0, "issue_us_after": 2.0, "fresh_ms_per_mib_before": 2.8,
-                       "fresh_ms_per_mib_after": 2.7}
+                       "fresh_ms_per_mib_after": 2.7, "fresh_faults_per_mib": 256.0}
+    records.append_record(r, folder, "a.jsonl")
+    r = synthetic_record("g")  # a probe that took no fault (a reused buffer): no reading, counted apart
+    r["host_probe"] = {"issue_us_before": 2.0, "issue_us_after": 2.0, "fresh_ms_per_mib_before": 0.003,
+                       "fresh_ms_per_mib_after": 0.4, "fresh_faults_per_mib": 0.0}
     records.append_record(r, folder, "a.jsonl")
     h = dataset_stats(folder)["host_probe"]
-    assert h["n"] == 5 and h["fresh"]["n"] == 1 and h["fresh"]["median_ms_per_mib"] == 2.8
-    assert "fresh-mapping cost (host_probe.fresh_fill): n 1, median 2.80 ms per MiB" in format_stats(dataset_stats(folder))
-    assert dataset_stats(folder / "a.jsonl")["host_probe"]["n"] == 5
+    assert h["n"] == 6 and h["fresh"]["n"] == 1 and h["fresh"]["no_fault"] == 1 and h["fresh"]["median_ms_per_mib"] == 2.8
+    assert ("fresh-mapping cost (host_probe.fresh_fill): n 1, median 2.80 ms per MiB, p10-p90 2.80-2.80; 1 probes took "
+            "no fault") in format_stats(dataset_stats(folder))
+    assert dataset_stats(folder / "a.jsonl")["host_probe"]["n"] == 6
 
 
 def test_optimizer_zero_shares_per_family(tmp_path):
