@@ -129,6 +129,9 @@ def main() -> None:
         raise UserError(f"--data {args.data}: not a folder; give a CPU dataset folder such as datasets/cpu")
     if args.min_params <= 0 or args.min_numel <= 0:
         raise UserError(f"--min-params {args.min_params:g} / --min-numel {args.min_numel:g}: both must be > 0")
+    if not _records(folder):
+        raise UserError(f"--data {args.data}: no ok records in any .jsonl under it; give a CPU dataset folder such as "
+                        "datasets/cpu")
     print("\n".join(per_parameter(folder, args.min_params)))
     print()
     print("\n".join(allocating_kernels(folder, args.min_numel)))

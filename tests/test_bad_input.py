@@ -549,3 +549,20 @@ def test_size_prior_without_profiles_is_one_line_exit_2():
     lines = [line for line in r.stderr.strip().splitlines() if "Warning" not in line and "warnings.warn" not in line]
     assert r.returncode == 2 and lines == ["size_prior.py: error: --apart no-such-set: no such folder; give a folder "
                                            "of records measured apart (datasets/cpu/cpu-size-*)"], r.stderr
+
+
+def test_fresh_sessions_bad_folder_is_one_line_exit_2(tmp_path):
+    """benchmarks/fresh_sessions.py --data names no folder, or a folder without records: one line naming it and
+    what to give, exit 2; on the seventh size set's records it prints VGG's optimizer time per parameter."""
+    root = Path(__file__).resolve().parent.parent
+    script = str(root / "benchmarks" / "fresh_sessions.py")
+    for data, why in ((tmp_path / "nope", "not a folder"), (tmp_path, "no ok records in any .jsonl under it")):
+        r = subprocess.run([sys.executable, script, "--data", str(data)], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+            f"fresh_sessions.py: error: --data {data}: {why}; give a CPU dataset folder such as datasets/cpu"], r.stderr
+    folder = root / "datasets" / "cpu" / "cpu-size-seventh-2026-12-07"
+    r = subprocess.run([sys.executable, script, "--data", str(folder)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    rows = [line.split() for line in r.stdout.splitlines() if line.strip().startswith("vgg")]
+    assert sorted(row[3] for row in rows) == ["amp-bf16", "bf16", "fp32"], r.stdout
+    assert all(2.0 < float(row[4]) < 30.0 for row in rows), r.stdout  # ns per parameter, measured
