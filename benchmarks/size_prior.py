@@ -2,7 +2,7 @@
 development check of a prior form on seen sets, in minutes rather than the protocol's GNN training.
 
     python benchmarks/size_prior.py --data datasets/cpu --labels fastest \
-        --apart datasets/cpu/cpu-size-third-2026-12-07 --apart datasets/cpu/cpu-size-fourth-2026-12-07 [--conv-blocks] [--attention-law] [--matmul-cap]
+        --apart datasets/cpu/cpu-size-third-2026-12-07 --apart datasets/cpu/cpu-size-fourth-2026-12-07 [--conv-blocks] [--attention-law] [--matmul-cap] [--slow-conv-law fp32]
 
 The prior is refitted to the size fold's smaller half (``protocol.size_split``, ``protocol.prior_refit`` with the
 data's shipped section's options, as ``evaluate --protocol size`` refits it; the split does not depend on the seed,
@@ -76,16 +76,24 @@ def main() -> None:
     ap.add_argument("--attention-law", action="store_true",
                     help="fused attention priced by its kernel's loops (evaluate --attention-law), on top of the "
                          "section's options")
+    ap.add_argument("--slow-conv-law", default="", metavar="DTYPES",
+                    help="comma-separated dtypes whose dense convolutions the additive shape law prices too "
+                         f"(evaluate --slow-conv-law; allowed: {', '.join(protocol.SLOW_CONV_DTYPES)}), on top of the "
+                         "section's options")
     ap.add_argument("--matmul-cap", action="store_true",
                     help="each matmul curve held at the fastest fraction it reaches on the fitted kernels "
                          "(evaluate --matmul-cap), on top of the section's options")
     args = ap.parse_args()
+    law = tuple(d for d in args.slow_conv_law.split(",") if d)
+    bad = [d for d in law if d not in protocol.SLOW_CONV_DTYPES]
+    if bad:
+        raise UserError(f"--slow-conv-law {args.slow_conv_law}: allowed: {', '.join(protocol.SLOW_CONV_DTYPES)}")
     for folder in args.apart:  # before the minutes --data's graphs and fit take
         if not Path(folder).is_dir():
             raise UserError(f"--apart {folder}: no such folder; give a folder of records measured apart "
                             "(datasets/cpu/cpu-size-*)")
     print_table(price_sets(args.data, args.apart, args.labels, args.seed, conv_blocks=args.conv_blocks,
-                           attention_law=args.attention_law, matmul_cap=args.matmul_cap))
+                           attention_law=args.attention_law, matmul_cap=args.matmul_cap, slow_conv_law=law))
 
 
 if __name__ == "__main__":

@@ -566,3 +566,17 @@ def test_fresh_sessions_bad_folder_is_one_line_exit_2(tmp_path):
     rows = [line.split() for line in r.stdout.splitlines() if line.strip().startswith("vgg")]
     assert sorted(row[3] for row in rows) == ["amp-bf16", "bf16", "fp32"], r.stdout
     assert all(2.0 < float(row[4]) < 30.0 for row in rows), r.stdout  # ns per parameter, measured
+
+
+def test_size_fold_convolutions_without_profiles_is_one_line_exit_2():
+    """benchmarks/size_fold_convolutions.py without --apart, or with a folder measured with --profile none: one
+    line naming what to give, exit 2, before any graph is traced or prior refitted."""
+    root = Path(__file__).resolve().parent.parent
+    script = str(root / "benchmarks" / "size_fold_convolutions.py")
+    folder = root / "datasets" / "cpu" / "cpu-size-seventh-2026-12-07"
+    for args, line in (([], "--apart: give at least one profiled folder measured apart "
+                                "(datasets/cpu/cpu-size-fresh-profiles-2026-12-06)"),
+                       (["--apart", str(folder)], f"--apart {folder}: no profiles/ folder in it; give a folder measured "
+                                                  "with --profile (datasets/cpu/cpu-size-*-profiles-*)")):
+        r = subprocess.run([sys.executable, script, *args], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and r.stderr.strip().splitlines() == [f"size_fold_convolutions.py: error: {line}"], r.stderr

@@ -942,8 +942,9 @@ def test_the_slow_conv_law_joins_a_cpu_kinds_section_options_and_not_a_gpus(monk
 
 
 def test_size_prior_passes_its_form_options_to_the_refit(monkeypatch):
-    """benchmarks/size_prior.py's --conv-blocks, --attention-law and --matmul-cap reach ``protocol.prior_refit`` (on
-    top of the section's options, as ``evaluate --protocol size`` passes them), each only when given."""
+    """benchmarks/size_prior.py's --conv-blocks, --attention-law, --matmul-cap and --slow-conv-law reach
+    ``protocol.prior_refit`` (on top of the section's options, as ``evaluate --protocol size`` passes them), each
+    only when given."""
     import sys
 
     from conftest import benchmark_module
@@ -956,10 +957,11 @@ def test_size_prior_passes_its_form_options_to_the_refit(monkeypatch):
         return None
 
     monkeypatch.setattr(module.protocol, "prior_refit", refit)
-    off = {"conv_blocks": False, "attention_law": False, "matmul_cap": False}
+    off = {"conv_blocks": False, "attention_law": False, "matmul_cap": False, "slow_conv_law": ()}
     for argv, want in ((["--attention-law"], {**off, "attention_law": True}),
                        (["--conv-blocks"], {**off, "conv_blocks": True}),
                        (["--matmul-cap"], {**off, "matmul_cap": True}),
+                       (["--slow-conv-law", "fp32"], {**off, "slow_conv_law": ("fp32",)}),
                        ([], off)):
         monkeypatch.setattr(sys, "argv", ["size_prior.py", "--data", "datasets/cpu", *argv])
         with pytest.raises(UserError, match="no per-op profiles"):
