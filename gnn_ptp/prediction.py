@@ -324,11 +324,11 @@ def _checkpoint_cpu_kind(model) -> str | None:
 
 
 SIZE_PROTOCOL_ERROR = {
-    "cpu": ("steps measured apart beyond the range checkpoints/cpu was trained on (up to 2.7x its largest) were "
-            "5.1-6.4 % off by set (81 steps of three sets, the prior alone 4.6-6.9 %); steps 4.5-49x larger than "
-            "any a residual checkpoint was trained on 12.4-19.3 % off, the prior alone 7.5-23.6 % (size protocol, "
-            "three CPU kinds; on the first, with the laws the prior ships, 14.6 / 12.4 % on 78 fresh steps, "
-            "15.1 / 12.6 % on 57 held-back ones and 14.4 / 7.5 % on 24 long-sequence ones; README *Protocol*)"),
+    "cpu": ("steps measured apart beyond the range checkpoints/cpu was trained on (up to 2.2x its largest) were "
+            "5.2 and 6.8 % off on two held-back sets (33 and 36 steps; the prior alone 6.0 and 5.5 %); steps "
+            "4.9-40x larger than any a residual checkpoint of its form was trained on 11.3 and 15.6 % off, the "
+            "prior alone 8.8 and 11.1 % (size protocol on the first CPU kind's sixth and seventh held-back sets, "
+            "README *Protocol*)"),
     "h200": ("steps 4x larger and more than any a residual checkpoint was trained on were 25.3 % off, the "
              "prior alone 19.9 % (size protocol on the H200's 2,960 configurations, README *Protocol*)")}
 """What the size protocol measured beyond the training range, by checkpoint hardware: quoted where a
