@@ -59,10 +59,10 @@ def _records(folder: Path) -> dict[Path, list[dict]]:
     return out
 
 
-def per_parameter(folder: Path, min_params: float) -> list[str]:
+def per_parameter(folder: Path, records: dict[Path, list[dict]], min_params: float) -> list[str]:
     lines = [f"optimizer phase per parameter, configurations with >= {min_params / 1e6:.0f} M parameters "
              "(ns per parameter: median of a file's records of one day, min-max; n records)"]
-    for path, rows in _records(folder).items():
+    for path, rows in records.items():
         by = defaultdict(list)
         for r in rows:
             if r["params"] < min_params:
@@ -79,10 +79,10 @@ def per_parameter(folder: Path, min_params: float) -> list[str]:
     return lines
 
 
-def allocating_kernels(folder: Path, min_numel: float) -> list[str]:
+def allocating_kernels(folder: Path, records: dict[Path, list[dict]], min_numel: float) -> list[str]:
     lines = [f"optimizer kernels over tensors of >= {min_numel / 1e6:.0f} M elements, per profiled step: "
              "allocating (sqrt, div) against in-place, ms per call and ms per MiB of the tensor"]
-    by_id = {r["id"]: r for rows in _records(folder).values() for r in rows if r.get("id")}
+    by_id = {r["id"]: r for rows in records.values() for r in rows if r.get("id")}
     for path in sorted(folder.rglob("profiles/*.jsonl.gz")):
         with gzip.open(path, "rt") as fh:
             for line in fh:
@@ -129,12 +129,13 @@ def main() -> None:
         raise UserError(f"--data {args.data}: not a folder; give a CPU dataset folder such as datasets/cpu")
     if args.min_params <= 0 or args.min_numel <= 0:
         raise UserError(f"--min-params {args.min_params:g} / --min-numel {args.min_numel:g}: both must be > 0")
-    if not _records(folder):
+    records = _records(folder)  # read once, for both tables
+    if not records:
         raise UserError(f"--data {args.data}: no ok records in any .jsonl under it; give a CPU dataset folder such as "
                         "datasets/cpu")
-    print("\n".join(per_parameter(folder, args.min_params)))
+    print("\n".join(per_parameter(folder, records, args.min_params)))
     print()
-    print("\n".join(allocating_kernels(folder, args.min_numel)))
+    print("\n".join(allocating_kernels(folder, records, args.min_numel)))
 
 
 if __name__ == "__main__":
