@@ -215,7 +215,7 @@ def residual_prior_for(trained: "Descriptor | None", target: "Descriptor", train
     return MovedPrior(trained, target)
 
 
-TRANSFER_MODES = ("ceilings", "split")
+TRANSFER_MODES = ("ceilings", "split", "sized")
 CPU_TRANSFER = "split"
 """How ``transfer`` moves a prior between two CPU kinds without shared step probes (``TRANSFER_MODES``).
 ``split`` since 2026-11-26 (fourteenth session), by a rule declared before the run: in the hardware
@@ -252,6 +252,10 @@ def transfer(profile, source: "Descriptor", target: "Descriptor", mode: str | No
     mode = mode or CPU_TRANSFER
     if mode not in TRANSFER_MODES:
         raise UserError(f"hardware transfer mode {mode!r}: allowed: {', '.join(TRANSFER_MODES)}")
+    sized = (mode == "sized" and source.kind == target.kind == "cpu" and source != target
+             and probes_shared(source, target))
+    if mode == "sized" and not sized:
+        mode = "split"  # "sized" needs both kinds' step probes; without them it is "split"
 
     hw = profile.hardware
     ratio = transfer_ratios(source, target)
@@ -269,6 +273,17 @@ def transfer(profile, source: "Descriptor", target: "Descriptor", mode: str | No
     fresh = target.fresh() if profile.fresh_threshold_bytes is not None else None
     if source != target and profile.slow_conv:  # a code path of the source's torch on its CPU, not a rate
         profile = replace(profile, slow_conv={})
+    if sized:
+        if profile.moved_from is not None or profile.sized_from is not None:
+            raise UserError(f"a prior moved once cannot move on from {source.name!r} to {target.name!r} by kernel "
+                            "size")
+        return replace(profile, hardware=moved, sized_from=(profile, sized_move(source, target)),
+                       launch_floor_s=profile.launch_floor_s * host,
+                       host_issue_s=scaled(profile.host_issue_s), host_fixed_s=scaled(profile.host_fixed_s),
+                       fresh_threshold_bytes=fresh["threshold_bytes"] if fresh else None,
+                       fresh_s_per_byte=fresh["s_per_byte"] if fresh else 0.0)
+    if profile.sized_from is not None:
+        raise UserError(f"a prior moved by kernel size cannot move on from {source.name!r} to {target.name!r}")
     moved_from = profile.moved_from
     if (mode == "split" and source.kind == target.kind == "cpu" and source != target
             and not probes_shared(source, target)):
@@ -303,6 +318,55 @@ def probes_shared(a: Descriptor, b: Descriptor) -> bool:
     """Whether two descriptors carry the same probe suite, every group measured."""
     return bool(a.probe_suite) and a.probe_suite == b.probe_suite and all(
         a.step_probe_s.get(g) and b.step_probe_s.get(g) for g in PROBE_GROUPS)
+
+
+_PROBE_NAME = re.compile(r"^(linear|conv3x3|depthwise3x3|bmm) (\d+(?:x\d+)*)$")
+
+
+def probe_flops(name: str) -> float:
+    """Forward FLOPs of a GEMM-like step probe, from its name in ``_probe_suite`` (``PROBE_SUITE``)."""
+    m = _PROBE_NAME.match(name)
+    if not m:
+        raise UserError(f"step probe {name!r}: not a GEMM probe of suite {PROBE_SUITE!r}")
+    d = [int(v) for v in m.group(2).split("x")]
+    kind = m.group(1)
+    if kind == "linear" and len(d) == 3:  # tokens x in x out
+        return 2.0 * d[0] * d[1] * d[2]
+    if kind == "bmm" and len(d) == 3:  # heads x tokens x width: (t x w) @ (w x t) per head
+        return 2.0 * d[0] * d[1] * d[1] * d[2]
+    if kind == "conv3x3" and len(d) == 4:  # batch x c_in x c_out x pixels
+        return 2.0 * d[0] * d[1] * d[2] * d[3] ** 2 * 9
+    if kind == "depthwise3x3" and len(d) == 3:  # batch x channels x pixels
+        return 2.0 * d[0] * d[1] * d[2] ** 2 * 9
+    raise UserError(f"step probe {name!r}: not a GEMM probe of suite {PROBE_SUITE!r}")
+
+
+def sized_move(source: Descriptor, target: Descriptor):
+    """``prior.SizedMove`` from ``source`` to ``target`` (both with the same step probes, ``probes_shared``):
+    per GEMM dtype with probes (fp32, its line also tf32's; bf16), the least-squares line of log(source
+    seconds / target seconds) against log(forward FLOPs) over the dtype's GEMM probes; fp16, which no probe
+    measures, the ceilings' ratio; fused attention the fp32 GEMM probes' ratio (``probe_ratio``); non-GEMM
+    kernels the element-wise probes' ratio in cache (under 1 MiB moved, a core's L2 on the kinds here) and the
+    measured bandwidths' ratio above."""
+    from gnn_ptp import prior
+
+    gemm = {}
+    for dtype in ("fp32", "bf16"):
+        src, tgt = source.step_probe_s[f"gemm {dtype}"], target.step_probe_s[f"gemm {dtype}"]
+        points = [(math.log(probe_flops(k)), math.log(src[k] / tgt[k]))
+                  for k in sorted(set(src) & set(tgt)) if src[k] > 0 and tgt[k] > 0]
+        if len({p[0] for p in points}) < 2:
+            raise UserError(f"hardware descriptors {source.name!r} and {target.name!r}: fewer than two sizes of "
+                            f"'gemm {dtype}' probes measured on both")
+        n = len(points)
+        mx, my = sum(p[0] for p in points) / n, sum(p[1] for p in points) / n
+        slope = (sum((p[0] - mx) * (p[1] - my) for p in points) / sum((p[0] - mx) ** 2 for p in points))
+        gemm[dtype] = (slope, my - slope * mx, min(p[0] for p in points), max(p[0] for p in points))
+    gemm["tf32"] = gemm["fp32"]
+    gemm["fp16"] = (0.0, math.log(target.gemm_flops_per_s["fp16"] / source.gemm_flops_per_s["fp16"]), 0.0, 0.0)
+    in_cache = math.sqrt(probe_ratio(source, target, "non-gemm fp32") * probe_ratio(source, target, "non-gemm bf16"))
+    return prior.SizedMove(gemm=gemm, attention=probe_ratio(source, target, "gemm fp32"), in_cache=in_cache,
+                           bandwidth=target.memory_bandwidth_Bps / source.memory_bandwidth_Bps)
 
 
 def probe_ratio(source: Descriptor, target: Descriptor, group: str) -> float:

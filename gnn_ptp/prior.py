@@ -205,6 +205,12 @@ class Profile:
     time at this kind's and divides the rest by that ratio (``split_moved_seconds``). None: the curves
     apply to this profile's rates directly."""
 
+    sized_from: "tuple[Profile, SizedMove] | None" = None
+    """Where this profile is another CPU kind's prior moved here by kernel size (``descriptor.transfer(...,
+    mode="sized")`` between two kinds that measured the same step probes): (the source kind's profile, the
+    speed-ups by kernel size, ``SizedMove``). ``node_seconds`` then prices each kernel on the source and
+    divides its time by the target's speed-up at that kernel's FLOPs or bytes. None: not so moved."""
+
     conv_intensity: str = "tensor"
     """The arithmetic intensity a dense convolution's GEMM curve ramps with: "tensor" (FLOPs over the bytes
     of its input, weight and output tensors, as for every other kernel) or "gemm" (``conv_gemm_intensity``:
@@ -983,6 +989,51 @@ def scaled_depthwise_floor(floor: dict[str, float], factor: float) -> dict[str, 
     return {k: v * factor for k, v in floor.items()}
 
 
+@dataclass(frozen=True)
+class SizedMove:
+    """How much faster a target CPU kind runs each kernel than the source kind, by the kernel's size
+    (``descriptor.sized_move``, from the step probes both kinds measured): one number per GEMM dtype does
+    not move a step's GEMMs between a kind with a fast bf16 path and one without, whose bf16 GEMMs run at a
+    flat few GFLOP/s (the speed-up falls from 0.2 at 1e4 FLOPs to 0.01 at 1e9), and the in-cache element-wise
+    probes do not say how a step's large element-wise kernels move (README *Protocol*, "Moving a prior by
+    kernel size").
+
+    - ``gemm``: per GEMM dtype, (slope, intercept, lowest, highest): log(speed-up) = slope * log(FLOPs) +
+      intercept, log(FLOPs) held within [lowest, highest] (the probes' range); matmul and convolution
+      kernels (depthwise and grouped ones too);
+    - ``attention``: one speed-up for fused attention (aten's CPU kernel, every dtype): the fp32 GEMM probes';
+    - ``in_cache``: non-GEMM kernels moving fewer than ``cache_bytes``: the element-wise probes';
+    - ``bandwidth``: non-GEMM kernels moving more: the measured memory bandwidths' ratio."""
+
+    gemm: dict[str, tuple[float, float, float, float]]
+    attention: float
+    in_cache: float
+    bandwidth: float
+    cache_bytes: float = float(2 ** 20)
+
+    def speedup(self, x: torch.Tensor, x_cat: torch.Tensor) -> torch.Tensor:
+        """Per node (float64 [N]): how many times faster the target runs it (graph.py's ``x``, ``x_cat``)."""
+        flops = _unlog(x[:, 0]).double()
+        moved = (_unlog(x[:, 1]) + _unlog(x[:, 2])).double()
+        category, dtype = x_cat[:, 1], x_cat[:, 2]
+        out = torch.where(moved >= self.cache_bytes, torch.full_like(moved, self.bandwidth),
+                          torch.full_like(moved, self.in_cache))
+        log_flops = torch.log(flops.clamp_min(1.0))
+        fp32 = self.gemm["fp32"]
+        for c in GEMM_CATEGORIES:
+            rows = category == c
+            if not bool(rows.any()):
+                continue
+            if ops.CATEGORIES[c] == "attention":
+                out[rows] = self.attention
+                continue
+            for d in set(dtype[rows].tolist()):
+                slope, intercept, lo, hi = self.gemm.get(ops.DTYPES[d], fp32)
+                sel = rows & (dtype == d)
+                out[sel] = torch.exp(slope * log_flops[sel].clamp(lo, hi) + intercept)
+        return out
+
+
 def split_moved_seconds(source_s: torch.Tensor, source_ideal_s: torch.Tensor, target_ideal_s: torch.Tensor,
                         rest_ratio: float) -> torch.Tensor:
     """A kernel's time moved to another kind by splitting it (``Profile.moved_from``): its time at the
@@ -1001,7 +1052,11 @@ def node_seconds(x: torch.Tensor, x_cat: torch.Tensor, profile: Profile,
     """Prior time in seconds of every node (float64 [N]) from its features (graph.py's ``x``, ``x_cat``),
     on a CPU whose fresh-allocation cost is measured what it allocates (``fresh_bytes``), and on a profile
     fitted with GEMM layouts each GEMM's operand layout (``gemm_layout``, ``Profile.gemm_layouts``)."""
-    if profile.moved_from is None:
+    if profile.sized_from is not None:
+        source, sized = profile.sized_from
+        source_s, _ = _kernel_seconds(x, x_cat, source, layout=layout)
+        seconds = source_s / sized.speedup(x, x_cat)
+    elif profile.moved_from is None:
         seconds, _ = _kernel_seconds(x, x_cat, profile, layout=layout)
     else:
         source, source_ceilings, target_ceilings, rest_ratio = profile.moved_from

@@ -58,7 +58,7 @@ PROTOCOLS = ("lofo", "size", "hardware")
 VARIANTS = ("gnn", "gnn-prior")
 HARDWARE_FOLDS = ("pairs", "rest", "all")
 HARDWARE_TRANSFERS = ("nearest", "mean")
-TRANSFER_MODES = ("ceilings", "split")
+TRANSFER_MODES = ("ceilings", "split", "sized")
 """``descriptor.TRANSFER_MODES``, spelled here so that a budget is checked without importing it."""
 SIZE_FACTOR = 4.0
 """``size``: test configurations have at least this many times the FLOPs of the largest training one."""

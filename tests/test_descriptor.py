@@ -677,3 +677,65 @@ def test_gemm_layout_rates_become_ratios_over_nn_that_a_transfer_carries_to_the_
     assert "--layouts: no stored descriptor" in capsys.readouterr().err
     assert descriptor.main(["--runs", "3", "--fresh"]) == 2
     assert "only with --measure, --probes or --layouts" in capsys.readouterr().err
+
+
+def test_a_sized_transfer_moves_each_kernel_by_the_probes_at_its_size():
+    """Two SYNTHETIC CPU kinds sharing step probes: on the target the fp32 GEMM probes run 2x faster at every
+    size, the bf16 ones slower the larger they are (speed-up (FLOPs / 1e6)^-0.5, a kind without a fast bf16
+    path), the element-wise probes 1.5x faster; its bandwidth is a quarter of the source's. Moved by kernel
+    size, a bf16 GEMM takes the speed-up at its FLOPs (held at the probes' range beyond it), fused attention
+    the fp32 GEMMs', a non-GEMM kernel the element-wise probes' under 1 MiB moved and the bandwidths' above.
+    Without shared probes "sized" is "split"; a sized prior does not move on; a bad probe name is one line."""
+    names = ["linear 100x50x100", "linear 1000x500x1000", "conv3x3 2x16x16x32", "depthwise3x3 8x96x16",
+             "bmm 32x128x32"]
+    flops = {n: descriptor.probe_flops(n) for n in names}
+    assert flops["linear 100x50x100"] == 1e6 and flops["bmm 32x128x32"] == 2.0 * 32 * 128 * 128 * 32
+    src = synthetic_cpu(1.0, "synthetic-home-cpu")
+    tgt = with_ceilings(src, "synthetic-no-bf16-cpu", memory=0.25)
+    from dataclasses import replace
+
+    def probes(gemm_fp32, gemm_bf16, other):
+        return {"gemm fp32": {n: gemm_fp32(flops[n]) for n in names},
+                "gemm bf16": {n: gemm_bf16(flops[n]) for n in names},
+                "non-gemm fp32": {"gelu": other}, "non-gemm bf16": {"gelu": other}}
+
+    src = replace(src, probe_suite=descriptor.PROBE_SUITE, step_probe_s=probes(lambda f: f / 1e9, lambda f: f / 1e9, 1e-3))
+    tgt = replace(tgt, probe_suite=descriptor.PROBE_SUITE,
+                  step_probe_s=probes(lambda f: f / 2e9, lambda f: f / 1e9 * (f / 1e6) ** 0.5, 1e-3 / 1.5))
+    move = descriptor.sized_move(src, tgt)
+    assert move.gemm["fp32"][:2] == pytest.approx((0.0, math.log(2.0)), abs=1e-9)
+    assert move.gemm["bf16"][0] == pytest.approx(-0.5) and move.gemm["tf32"] == move.gemm["fp32"]
+    assert move.attention == pytest.approx(2.0) and move.in_cache == pytest.approx(1.5)
+    assert move.bandwidth == pytest.approx(0.25)
+
+    profile = prior.Profile(src.hardware(), gemm={d: prior.Curve(1.0, 1e9, 1.0) for d in ("fp32", "bf16")},
+                            launch_floor_s=1e-12)
+    sized = descriptor.transfer(profile, src, tgt, mode="sized")
+    assert sized.sized_from is not None and sized.moved_from is None
+    lo, hi = min(flops.values()), max(flops.values())
+    cases = [  # (flops, bytes moved, dtype, category, expected speed-up)
+        ([1e6, 1e8], [1e3, 1e3], "bf16", "matmul", [1.0, 0.1]),
+        ([lo / 100, hi * 100], [1e3, 1e3], "bf16", "conv", [(lo / 1e6) ** -0.5, (hi / 1e6) ** -0.5]),
+        ([1e7, 1e9], [1e3, 1e3], "fp32", "matmul", [2.0, 2.0]),
+        ([1e7, 1e9], [1e3, 1e3], "bf16", "attention", [2.0, 2.0]),
+        ([1e3, 1e3], [1e5, 2 ** 21], "fp32", "elementwise", [1.5, 0.25]),
+    ]
+    for f, moved, dtype, category, speedup in cases:
+        x, x_cat = nodes(f, moved, dtype=dtype, category=category)
+        before = prior.node_seconds(x, x_cat, profile)
+        after = prior.node_seconds(x, x_cat, sized)
+        assert (before / after).tolist() == pytest.approx(speedup, rel=1e-4), (dtype, category)
+
+    # without probes on both kinds "sized" moves as "split"
+    bare = replace(tgt, probe_suite="", step_probe_s={})
+    x, x_cat = nodes([1e7, 1e13], [1e3, 1e3], dtype="bf16")
+    as_split = descriptor.transfer(profile, src, bare, mode="split")
+    by_size = descriptor.transfer(profile, src, bare, mode="sized")
+    assert by_size.sized_from is None and by_size.moved_from is not None
+    torch.testing.assert_close(prior.node_seconds(x, x_cat, by_size), prior.node_seconds(x, x_cat, as_split))
+    with pytest.raises(UserError, match="cannot move on"):
+        descriptor.transfer(sized, tgt, src, mode="sized")
+    with pytest.raises(UserError, match="cannot move on"):
+        descriptor.transfer(sized, tgt, bare, mode="split")
+    with pytest.raises(UserError, match="step probe 'gelu 2048x512': not a GEMM probe"):
+        descriptor.probe_flops("gelu 2048x512")
