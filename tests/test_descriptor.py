@@ -679,29 +679,70 @@ def test_gemm_layout_rates_become_ratios_over_nn_that_a_transfer_carries_to_the_
     assert "only with --measure, --probes or --layouts" in capsys.readouterr().err
 
 
-def test_a_sized_transfer_moves_each_kernel_by_the_probes_at_its_size():
-    """Two SYNTHETIC CPU kinds sharing step probes: on the target the fp32 GEMM probes run 2x faster at every
-    size, the bf16 ones slower the larger they are (speed-up (FLOPs / 1e6)^-0.5, a kind without a fast bf16
-    path), the element-wise probes 1.5x faster; its bandwidth is a quarter of the source's. Moved by kernel
-    size, a bf16 GEMM takes the speed-up at its FLOPs (held at the probes' range beyond it), fused attention
-    the fp32 GEMMs', a non-GEMM kernel the element-wise probes' under 1 MiB moved and the bandwidths' above.
-    Without shared probes "sized" is "split"; a sized prior does not move on; a bad probe name is one line."""
+def sized_pair():
+    """Two SYNTHETIC CPU kinds sharing step probes named as ``descriptor._probe_suite`` names them: on the
+    target the fp32 GEMM probes run 2x faster at every size, the bf16 ones slower the larger they are
+    (speed-up (FLOPs / 1e6)^-0.5), the element-wise probes 1.5x faster; its bandwidth a quarter of the source's.
+    Returns (source, target, the probes' FLOPs by name)."""
+    from dataclasses import replace
+
     names = ["linear 100x50x100", "linear 1000x500x1000", "conv3x3 2x16x16x32", "depthwise3x3 8x96x16",
              "bmm 32x128x32"]
     flops = {n: descriptor.probe_flops(n) for n in names}
-    assert flops["linear 100x50x100"] == 1e6 and flops["bmm 32x128x32"] == 2.0 * 32 * 128 * 128 * 32
-    src = synthetic_cpu(1.0, "synthetic-home-cpu")
-    tgt = with_ceilings(src, "synthetic-no-bf16-cpu", memory=0.25)
-    from dataclasses import replace
 
     def probes(gemm_fp32, gemm_bf16, other):
         return {"gemm fp32": {n: gemm_fp32(flops[n]) for n in names},
                 "gemm bf16": {n: gemm_bf16(flops[n]) for n in names},
                 "non-gemm fp32": {"gelu": other}, "non-gemm bf16": {"gelu": other}}
 
+    src = synthetic_cpu(1.0, "synthetic-home-cpu")
+    tgt = with_ceilings(src, "synthetic-no-bf16-cpu", memory=0.25)
     src = replace(src, probe_suite=descriptor.PROBE_SUITE, step_probe_s=probes(lambda f: f / 1e9, lambda f: f / 1e9, 1e-3))
     tgt = replace(tgt, probe_suite=descriptor.PROBE_SUITE,
                   step_probe_s=probes(lambda f: f / 2e9, lambda f: f / 1e9 * (f / 1e6) ** 0.5, 1e-3 / 1.5))
+    return src, tgt, flops
+
+
+def test_transfer_by_size_scores_a_rule_by_the_kernels_it_moves():
+    """benchmarks/transfer_by_size.py on SYNTHETIC measured kernels whose target times are the source's over the
+    sized rule's speed-ups: that rule scores 0 %, one number per group does not; bad input is one line each."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "transfer_by_size.py"
+    spec = importlib.util.spec_from_file_location("transfer_by_size", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    src, tgt, _ = sized_pair()
+    speedups = module.rules(src, tgt, [1.0])
+    assert list(speedups) == ["group", "gemm-size", "sized 1 MiB"]
+    x, x_cat = nodes([1e6, 1e8, 1e3], [1e3, 1e3, 4e6], dtype="bf16")
+    x_cat[2, 1] = ops.CATEGORIES.index("elementwise")
+    source_s = torch.tensor([1e-3, 1e-1, 2e-3], dtype=torch.float64)
+    target_s = source_s / torch.tensor([1.0, 0.1, 0.25], dtype=torch.float64)
+    target_s[2] = float("nan")  # unmatched on the target: left out of both sums
+    n, mape = module.pair_mape({"k": (x, x_cat, source_s)}, {"k": (x, x_cat, target_s)}, speedups)
+    assert n == 1 and mape["sized 1 MiB"] == pytest.approx(0.0, abs=1e-3) and mape["group"] > 50
+    with pytest.raises(UserError, match="--cache-mib 0,1: allowed: positive numbers"):
+        module.main(["--data", "datasets/cpu", "datasets/cpu", "--cache-mib", "0,1"])
+    with pytest.raises(UserError, match="two folders or more"):
+        module.main(["--data", "datasets/cpu"])
+    with pytest.raises(UserError, match="not a CPU kind"):
+        module.main(["--data", "datasets/cpu", "datasets/h200-blind"])
+    with pytest.raises(UserError, match="no two of these kinds measured the same step probes"):
+        module.main(["--data", "datasets/cpu", "datasets/cpu-amd-epyc-family-26-model-2"])
+
+
+def test_a_sized_transfer_moves_each_kernel_by_the_probes_at_its_size():
+    """``sized_pair``'s two SYNTHETIC CPU kinds (the target's bf16 GEMMs slower the larger they are, as on a
+    kind without a fast bf16 path). Moved by kernel
+    size, a bf16 GEMM takes the speed-up at its FLOPs (held at the probes' range beyond it), fused attention
+    the fp32 GEMMs', a non-GEMM kernel the element-wise probes' under 1 MiB moved and the bandwidths' above.
+    Without shared probes "sized" is "split"; a sized prior does not move on; a bad probe name is one line."""
+    from dataclasses import replace
+
+    src, tgt, flops = sized_pair()
+    assert flops["linear 100x50x100"] == 1e6 and flops["bmm 32x128x32"] == 2.0 * 32 * 128 * 128 * 32
     move = descriptor.sized_move(src, tgt)
     assert move.gemm["fp32"][:2] == pytest.approx((0.0, math.log(2.0)), abs=1e-9)
     assert move.gemm["bf16"][0] == pytest.approx(-0.5) and move.gemm["tf32"] == move.gemm["fp32"]
