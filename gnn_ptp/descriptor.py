@@ -244,7 +244,13 @@ def transfer(profile, source: "Descriptor", target: "Descriptor", mode: str | No
     does an attention law (``prior.Profile.attention``: aten's CPU kernel, which every CPU kind runs). A
     slow-path convolution law (``prior.Profile.slow_conv``) does not move: it prices a kernel torch runs on
     the source kind only (its bf16 convolutions one sample at a time), so the target's convolutions take
-    the curves."""
+    the curves.
+
+    ``mode`` "sized", between two CPU kinds that share step probes: each kernel is priced on the source and
+    its time divided by the target's speed-up at its size (``prior.Profile.sized_from``, ``sized_move``: the
+    GEMM-like kernels by a line in log FLOPs over their dtype's GEMM probes, fused attention by the fp32 GEMM
+    probes, the rest by the element-wise probes in cache and by the bandwidths beyond 1 MiB moved); between
+    kinds without shared probes it is "split"."""
     from dataclasses import replace
 
     from gnn_ptp import prior
