@@ -309,7 +309,7 @@ def run_train(args) -> int:
 PROTOCOL_ONLY = {"config": None, "epochs": None, "patience": None, "families": None, "seeds": "0",
                  "variants": "gnn,gnn-prior", "threads": None, "bootstrap": 2000, "shipped_prior": False,
                  "jobs": 1, "hardware_folds": "all", "hardware_test": None, "hardware_transfer": "nearest",
-                 "transfer_mode": "split", "no_depthwise_law": False, "refit_per_category": False, "slow_conv_law": None,
+                 "transfer_mode": "sized", "no_depthwise_law": False, "refit_per_category": False, "slow_conv_law": None,
                  "labels": None, "profiler_cost": False, "depthwise_stride": False, "fresh_data": None,
                  "depthwise_floor": False, "attention_law": False, "depthwise_paths": False, "seen_data": None,
                  "conv_blocks": False, "matmul_cap": False}
@@ -357,9 +357,11 @@ def add_evaluate_parser(sub) -> None:
                    help="hardware: price a kind tested on by the prior of the training kind with the nearest "
                         "ceilings (nearest, default) or the geometric mean of every training kind's (mean)")
     g.add_argument("--transfer-mode", default=PROTOCOL_ONLY["transfer_mode"],
-                   help="hardware, CPU kinds: move a prior to another kind by only each kernel's time at the "
-                        "ceilings by their ratios, the rest by the non-GEMM ratio (split, default since "
-                        "2026-11-26) or every peak by the ceilings' ratios (ceilings, the form before)")
+                   help="hardware, CPU kinds: move a prior to another kind by each kernel's speed-up at its "
+                        "size in the step probes both kinds measured, else as split (sized, default since "
+                        "2026-12-07); by only each kernel's time at the ceilings by their ratios, the rest by the "
+                        "non-GEMM ratio (split, the default from 2026-11-26); or every peak by the ceilings' "
+                        "ratios (ceilings, the form before)")
     g.add_argument("--no-depthwise-law", action="store_true",
                    help="CPU data with per-op profiles: the prior refitted in every fold prices depthwise "
                         "convolutions by its FLOPs curves, as before 2026-11-26, instead of a power law in their "

@@ -216,12 +216,23 @@ def residual_prior_for(trained: "Descriptor | None", target: "Descriptor", train
 
 
 TRANSFER_MODES = ("ceilings", "split", "sized")
-CPU_TRANSFER = "split"
-"""How ``transfer`` moves a prior between two CPU kinds without shared step probes (``TRANSFER_MODES``).
-``split`` since 2026-11-26 (fourteenth session), by a rule declared before the run: in the hardware
-protocol's six ordered pairs of the three CPU kinds, with the depthwise law, the prior refitted per fold
-66.4 -> 17.5 % (mean of the pairs), the residual GNN 61.0 -> 18.6 %, neither AMD-to-AMD pair worse
-(README *Protocol*, splitting)."""
+CPU_TRANSFER = "sized"
+"""How ``transfer`` moves a prior between two CPU kinds (``TRANSFER_MODES``). ``sized`` since 2026-12-07
+(fifty-fourth session), by a rule declared before the run (README *Protocol*, "Moving a prior by kernel size"):
+between kinds sharing step probes each kernel by the probes at its size; onto the fourth kind (no fast bf16
+path) in the hardware protocol the nearest kind's prior 45.5 -> 27.1 %, the residual GNN 60.3 -> 41.7 %
+(run (91)). Between kinds without shared probes it is ``split``, the default from 2026-11-26 (fourteenth
+session, also declared: the prior refitted per fold 66.4 -> 17.5 % over the three kinds' six pairs, the
+residual GNN 61.0 -> 18.6 %; README *Protocol*, splitting)."""
+
+
+def moved_mode(source: "Descriptor", target: "Descriptor", mode: str | None = None) -> str:
+    """The mode ``transfer`` moves a prior from ``source`` to ``target`` by when asked for ``mode`` (default
+    ``CPU_TRANSFER``): "sized" falls back to "split" where the two kinds share no step probes."""
+    mode = mode or CPU_TRANSFER
+    if mode == "sized" and not probes_shared(source, target):
+        return "split"
+    return mode
 
 
 def transfer(profile, source: "Descriptor", target: "Descriptor", mode: str | None = None):
@@ -233,7 +244,8 @@ def transfer(profile, source: "Descriptor", target: "Descriptor", mode: str | No
     (``prior.Profile.fresh_s_per_byte``) takes the target's measured one, or none where the target has no
     measurement (a cost is not moved between kinds: it is the operating system's and allocator's).
 
-    ``mode`` "split" (the default, ``CPU_TRANSFER``), between two CPU kinds that do not share step probes: each
+    ``mode`` "split" (what the default, ``CPU_TRANSFER``, does between two CPU kinds that do not share step
+    probes), between two CPU kinds that do not share step probes: each
     kernel's time is split instead (``prior.Profile.moved_from``, ``prior.split_moved_seconds``). Its time
     at the source's measured ceilings moves to its time at the target's; the rest, what the fitted curves
     add above the ceilings, moves by the non-GEMM ratio (the geometric mean of the element-wise and

@@ -63,9 +63,13 @@ def evaluate(checkpoint_dir: str | Path, data_dir: str | Path, split: str = "tes
         kind_of = {s.key: d for s, d in zip(samples, descriptor.attach_measured(samples, wanted, over))}
         moved = {d.name for d in kind_of.values() if isinstance(d, descriptor.MovedPrior)}
         if moved:
-            moved_from = {"kinds": sorted(moved), "from": model.descriptor.name, "mode": descriptor.CPU_TRANSFER}
+            modes = {d.name: descriptor.moved_mode(d.source, d.target)
+                     for d in kind_of.values() if isinstance(d, descriptor.MovedPrior)}
+            moved_from = {"kinds": sorted(moved), "from": model.descriptor.name, "mode": descriptor.CPU_TRANSFER,
+                          "modes": modes}
+            how = ", ".join(f"{name} ({modes[name]})" for name in sorted(moved))
             log(f"priced over the prior of {model.descriptor.name}, the kind the checkpoint was trained on, moved "
-                f"to {', '.join(sorted(moved))} ({descriptor.CPU_TRANSFER}): the prior its residual was learned over")
+                f"to {how}: the prior its residual was learned over")
     parts = {name: [s for s in samples if _split_of(meta, s.family) == name] for name in SPLITS[:3]}
     chosen = samples if split == "all" else parts[split]
     if not chosen:
@@ -195,8 +199,9 @@ def format_table(r: dict) -> str:
         lines.append(f"gnn: {r['beyond']}")
     if r.get("prior_moved"):
         m = r["prior_moved"]
+        modes = m.get("modes") or {}
         lines.append(f"gnn priced over the prior of {m['from']} (the kind it was trained on) moved to "
-                     f"{', '.join(m['kinds'])} ({m['mode']})")
+                     + ", ".join(f"{k} ({modes.get(k, m['mode'])})" for k in m["kinds"]))
     if r.get("roofline_hardware"):
         lines.append(f"roofline: the prior as the gnn sees {', '.join(r['roofline_hardware'])}"
                      + ("; the ridge is fitted to this folder's own training families" if r.get("ridge_fitted_here")

@@ -99,8 +99,9 @@ class Budget:
     geometric mean of every training kind's (``mean``), moved by the ceilings (``PriorRefit.transfer``)."""
     transfer_mode: str = CPU_TRANSFER
     """hardware: how a CPU kind's prior moves to another CPU kind (``descriptor.transfer``'s mode, by default
-    ``descriptor.CPU_TRANSFER``: ``split``, only a kernel's time at the ceilings by them and the rest by the
-    non-GEMM ratio, since 2026-11-26; ``ceilings``, every peak by the ceilings' ratio)."""
+    ``descriptor.CPU_TRANSFER``: ``sized`` since 2026-12-07, each kernel by the step probes at its size where
+    both kinds measured them, else ``split``, only a kernel's time at the ceilings by them and the rest by the
+    non-GEMM ratio (the default from 2026-11-26); ``ceilings``, every peak by the ceilings' ratio)."""
     depthwise_law: bool = True
     """A CPU kind's prior refitted in every fold prices depthwise convolutions by a power law in their
     shape (``prior_fit.fit(depthwise=True)``, ``PriorRefit.depthwise_law``; since 2026-11-26: each family

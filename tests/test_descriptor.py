@@ -409,7 +409,8 @@ def test_step_probes_not_the_peaks_move_a_prior_where_both_kinds_measured_them()
         assert descriptor.transfer_ratios(src, other) == pytest.approx(
             {**{d: 4.0 for d in descriptor.GEMM_DTYPES}, "vector": 4.0, "memory": 4.0})
     profile = prior.Profile(src.hardware(), launch_floor_s=src.launch_floor_s)
-    moved = descriptor.transfer(profile, src, tgt)
+    moved = descriptor.transfer(profile, src, tgt, mode="split")  # one ratio per group ("sized": by size)
+    assert moved.moved_from is None and moved.sized_from is None
     assert moved.hardware.flops_per_s["bf16"] == pytest.approx(src.gemm_flops_per_s["bf16"] * 1.2)
     assert moved.hardware.memory_bandwidth_Bps == pytest.approx(src.memory_bandwidth_Bps)
     assert descriptor.Descriptor.from_dict(json.loads(json.dumps(tgt.to_dict()))) == tgt

@@ -242,7 +242,10 @@ def test_a_residual_checkpoint_prices_another_cpu_kind_over_its_training_prior_m
     monkeypatch.setattr(descriptor, "attach", lambda samples, ds: (attached.append(list(ds)), real_attach(samples, ds)))
     logs = []
     r = evaluate(tmp_path / "ckpt", other, log=logs.append)
-    assert r["prior_moved"] == {"kinds": ["synthetic-half-cpu"], "from": "amd-epyc", "mode": descriptor.CPU_TRANSFER}
+    # the synthetic kind measured no step probes: the default ("sized") moves it as "split", and says so
+    assert r["prior_moved"] == {"kinds": ["synthetic-half-cpu"], "from": "amd-epyc", "mode": descriptor.CPU_TRANSFER,
+                                "modes": {"synthetic-half-cpu": "split"}}
+    assert "moved to synthetic-half-cpu (split)" in format_table(r)
     (ds,) = attached
     assert ds and all(isinstance(d, descriptor.MovedPrior) and d.source.name == "amd-epyc"
                       and d.target.name == "synthetic-half-cpu" for d in ds)
