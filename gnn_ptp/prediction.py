@@ -798,7 +798,7 @@ def _for_cpu_kind(model, meta: dict, ckpt_path, cpu_kind: str):
         return model, f"CPU kind {name}: the kind the checkpoint was trained on (the answer without --cpu-kind)"
     chosen = copy.copy(model)  # the cached model keeps its own descriptor
     chosen.descriptor = stored[name]
-    note = f"predicted for CPU kind {name} from its measured ceilings (the checkpoint was trained on {trained_on})"
+    note = f"predicted for CPU kind {name} from its measured descriptor (the checkpoint was trained on {trained_on})"
     if cfg.target == "log_ratio_prior":
         # the residual was learned over the training kind's prior: price over that prior moved, not the
         # target kind's own section (34.1 % against 25.0 % on the Intel kind's held-out steps, README)
