@@ -16,7 +16,7 @@ from gnn_ptp.descriptor import DESCRIPTOR_FEATURES, Descriptor
 from gnn_ptp.errors import UserError
 from gnn_ptp.graph import NODE_FEATURES
 
-from conftest import calibrate_prior_module
+from conftest import benchmark_module, calibrate_prior_module
 
 
 def synthetic_cpu(factor: float = 0.5, name: str = "synthetic-slow-cpu") -> Descriptor:
@@ -456,13 +456,7 @@ def test_step_probes_are_measured_per_group_and_added_to_this_cpu_s_descriptor_k
 def test_transfer_sources_refuses_folders_it_cannot_compare(tmp_path):
     """benchmarks/transfer_sources.py compares the same grid profiled on two kinds: an empty folder, or two
     folders with no configuration in common, get one line naming them (the script exits 2 on it)."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "transfer_sources.py"
-    spec = importlib.util.spec_from_file_location("transfer_sources", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = benchmark_module("transfer_sources")
     (tmp_path / "empty").mkdir()
     with pytest.raises(UserError, match="no usable records .*empty"):
         module.main(["--source", "datasets/cpu", "--target", str(tmp_path / "empty")])
@@ -638,13 +632,7 @@ def test_a_split_transfer_moves_small_gemms_by_the_core_and_large_ones_by_the_pe
 
 def test_transfer_prior_refuses_what_it_cannot_compare(tmp_path):
     """benchmarks/transfer_prior.py needs two CPU folders or more and known modes: one line each."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "transfer_prior.py"
-    spec = importlib.util.spec_from_file_location("transfer_prior", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = benchmark_module("transfer_prior")
     with pytest.raises(UserError, match="--modes ceiling: allowed: ceilings, split"):
         module.main(["--data", "datasets/cpu", "datasets/h200-blind", "--modes", "ceiling"])
     with pytest.raises(UserError, match="needs two folders or more"):
@@ -707,13 +695,7 @@ def sized_pair():
 def test_transfer_by_size_scores_a_rule_by_the_kernels_it_moves():
     """benchmarks/transfer_by_size.py on SYNTHETIC measured kernels whose target times are the source's over the
     sized rule's speed-ups: that rule scores 0 %, one number per group does not; bad input is one line each."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "transfer_by_size.py"
-    spec = importlib.util.spec_from_file_location("transfer_by_size", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = benchmark_module("transfer_by_size")
     src, tgt, _ = sized_pair()
     speedups = module.rules(src, tgt, [1.0])
     assert list(speedups) == ["group", "gemm-size", "sized 1 MiB"]
