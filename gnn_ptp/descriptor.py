@@ -244,9 +244,8 @@ def transfer(profile, source: "Descriptor", target: "Descriptor", mode: str | No
     (``prior.Profile.fresh_s_per_byte``) takes the target's measured one, or none where the target has no
     measurement (a cost is not moved between kinds: it is the operating system's and allocator's).
 
-    ``mode`` "split" (what the default, ``CPU_TRANSFER``, does between two CPU kinds that do not share step
-    probes), between two CPU kinds that do not share step probes: each
-    kernel's time is split instead (``prior.Profile.moved_from``, ``prior.split_moved_seconds``). Its time
+    ``mode`` "split" (what the default, ``CPU_TRANSFER``, does where the kinds share no step probes), between two
+    CPU kinds that do not share step probes: each kernel's time is split instead (``prior.Profile.moved_from``, ``prior.split_moved_seconds``). Its time
     at the source's measured ceilings moves to its time at the target's; the rest, what the fitted curves
     add above the ceilings, moves by the non-GEMM ratio (the geometric mean of the element-wise and
     bandwidth ratios, the pairing the step probes use). A kernel far below its peak, as a step's small GEMMs

@@ -811,10 +811,10 @@ def _for_cpu_kind(model, meta: dict, ckpt_path, cpu_kind: str):
         rate, ratio = descriptor.widest_ceiling(model.descriptor, stored[name])
         if max(ratio, 1 / ratio) >= FAR_CEILINGS:
             note += (f"; its {rate} rate is {ratio:.2g}x the training CPU's: trained on one CPU kind and tested on "
-                     "another this far from it, the residual GNN trained on the other kinds was 12-35 % off in the hardware "
-                     "protocol between kinds with a fast bf16 path and 42 % onto the one without (the prior moved "
-                     "there by kernel size 27 %, the shipped checkpoint 25.5 %; README *Protocol*): a profiled "
-                     "harvest pass on this CPU does better")
+                     "another this far from it, the residual GNN trained on the other kinds was 12-35 % off in "
+                     "the hardware protocol between kinds with a fast bf16 path and 42 % onto the one without (the "
+                     "prior moved there by kernel size 27 %, the shipped checkpoint 25.5 %; README *Protocol*): a "
+                     "profiled harvest pass on this CPU does better")
     if stored[name].steps_fitted_on() == name and name != trained_on:
         note += (f"; {name} has a prior fitted to its own profiled steps: --analytic answers from it "
                  f"({_own_prior_error(stored[name])})")
@@ -866,7 +866,7 @@ def _cpu_analytic(cpu_kind: str | None):
     if desc.steps_fitted_on() == name:
         err = dict(profile.expected_error or {})
     else:
-        err = {"summary": (f"unmeasured on {name}: the reference CPU's prior moved by its measured ceilings "
+        err = {"summary": (f"unmeasured on {name}: the reference CPU's prior moved by its measured descriptor "
                            "(the reference CPU's section moved by kernel size was 16.7 % off on the Intel kind "
                            "and 24.1 % on one without a fast bf16 path; split, without shared step probes, 17.1 % "
                            "on the second AMD kind; README *Protocol*)")}

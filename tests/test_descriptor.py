@@ -686,7 +686,8 @@ def sized_pair():
 
     src = synthetic_cpu(1.0, "synthetic-home-cpu")
     tgt = with_ceilings(src, "synthetic-no-bf16-cpu", memory=0.25)
-    src = replace(src, probe_suite=descriptor.PROBE_SUITE, step_probe_s=probes(lambda f: f / 1e9, lambda f: f / 1e9, 1e-3))
+    src = replace(src, probe_suite=descriptor.PROBE_SUITE,
+                  step_probe_s=probes(lambda f: f / 1e9, lambda f: f / 1e9, 1e-3))
     tgt = replace(tgt, probe_suite=descriptor.PROBE_SUITE,
                   step_probe_s=probes(lambda f: f / 2e9, lambda f: f / 1e9 * (f / 1e6) ** 0.5, 1e-3 / 1.5))
     return src, tgt, flops
