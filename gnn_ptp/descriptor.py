@@ -269,10 +269,8 @@ def transfer(profile, source: "Descriptor", target: "Descriptor", mode: str | No
     mode = mode or CPU_TRANSFER
     if mode not in TRANSFER_MODES:
         raise UserError(f"hardware transfer mode {mode!r}: allowed: {', '.join(TRANSFER_MODES)}")
-    sized = (mode == "sized" and source.kind == target.kind == "cpu" and source != target
-             and probes_shared(source, target))
-    if mode == "sized" and not sized:
-        mode = "split"  # "sized" needs both kinds' step probes; without them it is "split"
+    mode = moved_mode(source, target, mode)  # "sized" needs both kinds' step probes; without them, "split"
+    sized = mode == "sized" and source.kind == target.kind == "cpu" and source != target
 
     hw = profile.hardware
     ratio = transfer_ratios(source, target)
@@ -288,17 +286,17 @@ def transfer(profile, source: "Descriptor", target: "Descriptor", mode: str | No
         return tuple(c * host for c in costs) if costs else costs
 
     fresh = target.fresh() if profile.fresh_threshold_bytes is not None else None
+    common = dict(hardware=moved, launch_floor_s=profile.launch_floor_s * host,  # every mode moves these alike
+                  host_issue_s=scaled(profile.host_issue_s), host_fixed_s=scaled(profile.host_fixed_s),
+                  fresh_threshold_bytes=fresh["threshold_bytes"] if fresh else None,
+                  fresh_s_per_byte=fresh["s_per_byte"] if fresh else 0.0)
     if source != target and profile.slow_conv:  # a code path of the source's torch on its CPU, not a rate
         profile = replace(profile, slow_conv={})
     if sized:
         if profile.moved_from is not None or profile.sized_from is not None:
             raise UserError(f"a prior moved once cannot move on from {source.name!r} to {target.name!r} by kernel "
                             "size")
-        return replace(profile, hardware=moved, sized_from=(profile, sized_move(source, target)),
-                       launch_floor_s=profile.launch_floor_s * host,
-                       host_issue_s=scaled(profile.host_issue_s), host_fixed_s=scaled(profile.host_fixed_s),
-                       fresh_threshold_bytes=fresh["threshold_bytes"] if fresh else None,
-                       fresh_s_per_byte=fresh["s_per_byte"] if fresh else 0.0)
+        return replace(profile, sized_from=(profile, sized_move(source, target)), **common)
     if profile.sized_from is not None:
         raise UserError(f"a prior moved by kernel size cannot move on from {source.name!r} to {target.name!r}")
     moved_from = profile.moved_from
@@ -318,12 +316,8 @@ def transfer(profile, source: "Descriptor", target: "Descriptor", mode: str | No
         factor = 1.0 / math.sqrt(ratio["vector"] * ratio["memory"])
         depthwise, floor = prior.scaled_depthwise(depthwise, factor), prior.scaled_depthwise_floor(floor, factor)
         attention, paths = prior.scaled_additive(attention, factor), prior.scaled_additive(paths, factor)
-    return replace(profile, hardware=moved, moved_from=moved_from, depthwise=depthwise, depthwise_floor=floor,
-                   attention=attention, depthwise_paths=paths,
-                   launch_floor_s=profile.launch_floor_s * host,
-                   host_issue_s=scaled(profile.host_issue_s), host_fixed_s=scaled(profile.host_fixed_s),
-                   fresh_threshold_bytes=fresh["threshold_bytes"] if fresh else None,
-                   fresh_s_per_byte=fresh["s_per_byte"] if fresh else 0.0)
+    return replace(profile, moved_from=moved_from, depthwise=depthwise, depthwise_floor=floor,
+                   attention=attention, depthwise_paths=paths, **common)
 
 
 PROBE_SUITE = "step-probes-1"  # bump when _probe_suite changes

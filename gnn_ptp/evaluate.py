@@ -61,13 +61,12 @@ def evaluate(checkpoint_dir: str | Path, data_dir: str | Path, split: str = "tes
             over = partial(descriptor.residual_prior_for, model.descriptor,
                            trained_kinds=meta.get("hardware_kinds") or ())
         kind_of = {s.key: d for s, d in zip(samples, descriptor.attach_measured(samples, wanted, over))}
-        moved = {d.name for d in kind_of.values() if isinstance(d, descriptor.MovedPrior)}
-        if moved:
-            modes = {d.name: descriptor.moved_mode(d.source, d.target)
-                     for d in kind_of.values() if isinstance(d, descriptor.MovedPrior)}
-            moved_from = {"kinds": sorted(moved), "from": model.descriptor.name, "mode": descriptor.CPU_TRANSFER,
+        modes = {d.name: descriptor.moved_mode(d.source, d.target)  # the kinds moved, each with its mode
+                 for d in kind_of.values() if isinstance(d, descriptor.MovedPrior)}
+        if modes:
+            moved_from = {"kinds": sorted(modes), "from": model.descriptor.name, "mode": descriptor.CPU_TRANSFER,
                           "modes": modes}
-            how = ", ".join(f"{name} ({modes[name]})" for name in sorted(moved))
+            how = ", ".join(f"{name} ({modes[name]})" for name in sorted(modes))
             log(f"priced over the prior of {model.descriptor.name}, the kind the checkpoint was trained on, moved "
                 f"to {how}: the prior its residual was learned over")
     parts = {name: [s for s in samples if _split_of(meta, s.family) == name] for name in SPLITS[:3]}
